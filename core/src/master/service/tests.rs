@@ -1,0 +1,176 @@
+use super::*;
+
+fn master(capacity: u64) -> (MasterService, Clock) {
+    let clock = Clock::manual();
+    let master = MasterService::new(MasterConfig::default(), clock.clone());
+    master
+        .mount_segment("node-a:50052", capacity)
+        .expect("mount");
+    (master, clock)
+}
+
+fn put(master: &MasterService, key: &str, size: u64) -> CodeResult<()> {
+    master.put_start(key, size, &ReplicateConfig::default())?;
+    master.put_end(key)
+}
+
+#[test]
+fn two_phase_put_then_read() {
+    let (master, _) = master(1 << 20);
+    let started = master
+        .put_start("k", 100, &ReplicateConfig::default())
+        .expect("start");
+    assert_eq!(started.replicas.len(), 1);
+    assert_eq!(
+        master.get_replica_list("k"),
+        Err(ErrorCode::REPLICA_IS_NOT_READY)
+    );
+    assert_eq!(master.exist("k"), Ok(false));
+    master.put_end("k").expect("end");
+    let (replicas, ttl) = master.get_replica_list("k").expect("readable");
+    assert_eq!(replicas[0].size, 100);
+    assert_eq!(ttl, Duration::from_secs(10));
+    assert_eq!(master.object_size("k"), Ok(100));
+}
+
+#[test]
+fn put_never_overwrites() {
+    let (master, _) = master(1 << 20);
+    put(&master, "k", 100).expect("first put");
+    assert_eq!(
+        master.put_start("k", 200, &ReplicateConfig::default()),
+        Err(ErrorCode::OBJECT_ALREADY_EXISTS)
+    );
+    assert_eq!(master.object_size("k"), Ok(100));
+}
+
+#[test]
+fn revoke_frees_space() {
+    let (master, _) = master(4096);
+    master
+        .put_start("k", 4096, &ReplicateConfig::default())
+        .expect("start");
+    assert_eq!(
+        master
+            .put_start("j", 64, &ReplicateConfig::default())
+            .map(|_| ()),
+        Err(ErrorCode::NO_AVAILABLE_HANDLE)
+    );
+    master.put_revoke("k").expect("revoke");
+    assert_eq!(master.exist("k"), Ok(false));
+    put(&master, "j", 4096).expect("space is back");
+}
+
+#[test]
+fn lease_blocks_remove_until_it_expires() {
+    let (master, clock) = master(1 << 20);
+    put(&master, "k", 100).expect("put");
+    assert_eq!(
+        master.remove("k", false),
+        Ok(()),
+        "no lease right after put"
+    );
+    put(&master, "k", 100).expect("put again");
+    master.get_replica_list("k").expect("read");
+    assert_eq!(master.remove("k", false), Err(ErrorCode::OBJECT_HAS_LEASE));
+    clock.advance(Duration::from_secs(11));
+    assert_eq!(master.remove("k", false), Ok(()));
+    assert_eq!(master.remove("k", false), Err(ErrorCode::OBJECT_NOT_FOUND));
+}
+
+#[test]
+fn forced_remove_under_lease_holds_space_until_lease_ends() {
+    let (master, clock) = master(4096);
+    put(&master, "k", 4096).expect("put");
+    master.get_replica_list("k").expect("read");
+    assert_eq!(master.remove("k", true), Ok(()));
+    assert_eq!(
+        master
+            .put_start("j", 4096, &ReplicateConfig::default())
+            .map(|_| ()),
+        Err(ErrorCode::NO_AVAILABLE_HANDLE),
+        "a reader may still be copying"
+    );
+    clock.advance(Duration::from_secs(11));
+    put(&master, "j", 4096).expect("space released after the lease");
+}
+
+#[test]
+fn stale_write_is_discarded_but_space_waits_for_release_timeout() {
+    let (master, clock) = master(8192);
+    master
+        .put_start("k", 4096, &ReplicateConfig::default())
+        .expect("start");
+    assert_eq!(
+        master
+            .put_start("k", 4096, &ReplicateConfig::default())
+            .map(|_| ()),
+        Err(ErrorCode::OBJECT_ALREADY_EXISTS)
+    );
+    clock.advance(Duration::from_secs(31));
+    master
+        .put_start("k", 4096, &ReplicateConfig::default())
+        .expect("discarded and restarted");
+    assert_eq!(
+        master.stats().segments[0].used,
+        8192,
+        "old space not reused yet"
+    );
+    master.put_end("k").expect("end");
+    clock.advance(Duration::from_secs(601));
+    put(&master, "x", 64).expect("put");
+    assert_eq!(master.stats().segments[0].used, 4096 + 64);
+}
+
+#[test]
+fn remove_all_and_batch_remove() {
+    let (master, _) = master(1 << 20);
+    for key in ["a", "b", "c"] {
+        put(&master, key, 10).expect("put");
+    }
+    master.get_replica_list("c").expect("lease c");
+    let results = master.batch_remove(&["a".into(), "zz".into()], false);
+    assert_eq!(results, vec![Ok(()), Err(ErrorCode::OBJECT_NOT_FOUND)]);
+    assert_eq!(master.remove_all(false), 1, "c is leased");
+    assert_eq!(master.remove_all(true), 1);
+    assert_eq!(master.stats().objects, 0);
+    assert_eq!(
+        master.stats().segments[0].used,
+        64,
+        "c's space waits for its lease"
+    );
+}
+
+#[test]
+fn unmount_drops_replicas() {
+    let (master, _) = master(1 << 20);
+    put(&master, "k", 10).expect("put");
+    let id = master.stats().segments[0].id;
+    master.unmount_segment(id).expect("unmount");
+    assert_eq!(master.exist("k"), Ok(false));
+    assert_eq!(
+        master
+            .put_start("j", 10, &ReplicateConfig::default())
+            .map(|_| ()),
+        Err(ErrorCode::NO_AVAILABLE_HANDLE)
+    );
+}
+
+#[test]
+fn invalid_input() {
+    let (master, _) = master(1 << 20);
+    assert_eq!(put(&master, "", 10), Err(ErrorCode::INVALID_KEY));
+    assert_eq!(put(&master, "k", 0), Err(ErrorCode::INVALID_PARAMS));
+    let config = ReplicateConfig {
+        replica_num: 0,
+        ..ReplicateConfig::default()
+    };
+    assert_eq!(
+        master.put_start("k", 1, &config).map(|_| ()),
+        Err(ErrorCode::INVALID_PARAMS)
+    );
+    assert_eq!(
+        master.mount_segment("node-a:50052", 10),
+        Err(ErrorCode::SEGMENT_ALREADY_EXISTS)
+    );
+}

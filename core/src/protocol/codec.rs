@@ -1,0 +1,53 @@
+//! The postcard codec that tarpc messages are encoded with.
+
+use std::io;
+use std::marker::PhantomData;
+use std::pin::Pin;
+
+use bytes::{Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+/// Largest RPC frame accepted (requests with inline payloads included).
+pub const MAX_RPC_FRAME: usize = 1 << 31;
+
+/// Encodes outgoing items and decodes incoming ones with postcard.
+#[derive(Debug)]
+pub struct PostcardCodec<In, Out>(PhantomData<(fn() -> In, fn(Out))>);
+
+impl<In, Out> Default for PostcardCodec<In, Out> {
+    fn default() -> Self {
+        PostcardCodec(PhantomData)
+    }
+}
+
+impl<In, Out: Serialize> tokio_serde::Serializer<Out> for PostcardCodec<In, Out> {
+    type Error = io::Error;
+
+    fn serialize(self: Pin<&mut Self>, item: &Out) -> Result<Bytes, Self::Error> {
+        postcard::to_stdvec(item)
+            .map(Bytes::from)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+}
+
+impl<In: for<'de> Deserialize<'de>, Out> tokio_serde::Deserializer<In> for PostcardCodec<In, Out> {
+    type Error = io::Error;
+
+    fn deserialize(self: Pin<&mut Self>, src: &BytesMut) -> Result<In, Self::Error> {
+        postcard::from_bytes(src).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+}
+
+/// Wraps a connected stream into a tarpc transport that reads `In` and writes `Out`.
+pub fn transport<In, Out>(
+    stream: tokio::net::UnixStream,
+) -> tarpc::serde_transport::Transport<tokio::net::UnixStream, In, Out, PostcardCodec<In, Out>>
+where
+    In: for<'de> Deserialize<'de>,
+    Out: Serialize,
+{
+    let framed = tokio_util::codec::LengthDelimitedCodec::builder()
+        .max_frame_length(MAX_RPC_FRAME)
+        .new_framed(stream);
+    tarpc::serde_transport::new(framed, PostcardCodec::default())
+}

@@ -1,0 +1,14 @@
+//! What the dummy client and the real client say to each other.
+//!
+//! A connection starts with a short handshake of length-prefixed postcard frames
+//! ([`handshake`]), during which shared-memory file descriptors travel as SCM_RIGHTS
+//! ancillary data. After it the same stream carries tarpc requests of
+//! [`rpc::RealClientRpc`], framed by [`codec`].
+
+pub mod address;
+pub mod codec;
+pub mod handshake;
+pub mod rpc;
+
+/// Version of the dummy ↔ real protocol; both sides must agree exactly.
+pub const PROTOCOL_VERSION: u32 = 1;

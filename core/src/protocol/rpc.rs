@@ -1,0 +1,124 @@
+//! The RPC service a real client offers its dummies.
+//!
+//! Addresses in requests are the dummy's own: the real client translates each
+//! [`MemRange`] through the segments that dummy registered, and rejects any range that is
+//! not wholly inside one of them with `INVALID_PARAMS`, before any byte moves.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+
+use crate::error::CodeResult;
+use crate::master::MasterStats;
+use crate::types::ReplicateConfig;
+
+/// Deadline for calls that only touch metadata.
+pub const CONTROL_DEADLINE: Duration = Duration::from_secs(30);
+/// Deadline for calls that move payload bytes (large batches included).
+pub const DATA_DEADLINE: Duration = Duration::from_secs(600);
+
+/// A byte range in the dummy's address space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemRange {
+    /// Start address in the dummy.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// Where a put's bytes come from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PutSource {
+    /// Ranges of the dummy's shared memory, concatenated in order (zero-copy).
+    Shared(Vec<MemRange>),
+    /// Bytes carried in the request (fallback when they fit no shared buffer).
+    Inline(ByteBuf),
+}
+
+/// One object to write.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutItem {
+    /// Object key.
+    pub key: String,
+    /// Its bytes.
+    pub source: PutSource,
+}
+
+/// One object to read into the dummy's shared memory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetItem {
+    /// Object key.
+    pub key: String,
+    /// Destination range; must be at least the object's size.
+    pub dest: MemRange,
+}
+
+/// Answer to [`RealClientRpc::ping`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PingReply {
+    /// Instance id of the real client (changes when it restarts).
+    pub instance_id: u128,
+    /// Whether the real client can reach its master.
+    pub master_ok: bool,
+}
+
+/// A dummy attached to the real client, for status reports.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DummyInfo {
+    /// The dummy's random id.
+    pub client_id: u128,
+    /// Its process id.
+    pub pid: u32,
+    /// Its uid (from the socket credentials).
+    pub uid: u32,
+    /// Its self-reported name.
+    pub name: String,
+    /// Segments it registered.
+    pub segments: u32,
+    /// Bytes of its shared memory the real client has mapped.
+    pub mapped_bytes: u64,
+}
+
+/// Answer to [`RealClientRpc::status`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// Instance id of the real client.
+    pub instance_id: u128,
+    /// Process id of the real client.
+    pub pid: u32,
+    /// Name of its global segment.
+    pub segment_name: String,
+    /// Seconds since it started.
+    pub uptime_secs: u64,
+    /// Attached dummies.
+    pub dummies: Vec<DummyInfo>,
+    /// Bytes of dummy shared memory mapped in total.
+    pub mapped_bytes: u64,
+    /// The master's view: objects and segment usage.
+    pub master: MasterStats,
+}
+
+/// Calls a dummy makes to its real client.
+#[tarpc::service]
+pub trait RealClientRpc {
+    /// Health check; also reports master connectivity.
+    async fn ping() -> PingReply;
+    /// For each key: whether it exists (grants a read lease when it does).
+    async fn exist(keys: Vec<String>) -> Vec<CodeResult<bool>>;
+    /// Size of an object.
+    async fn object_size(key: String) -> CodeResult<u64>;
+    /// Writes objects; an existing key is left unchanged and reported as success.
+    async fn put(items: Vec<PutItem>, config: ReplicateConfig) -> Vec<CodeResult<()>>;
+    /// Reads objects into shared memory; each result is the object size.
+    /// A destination smaller than the object is `BUFFER_OVERFLOW`.
+    async fn get(items: Vec<GetItem>) -> Vec<CodeResult<u64>>;
+    /// Reads a whole object into the reply (fallback for values larger than staging).
+    async fn get_inline(key: String) -> CodeResult<ByteBuf>;
+    /// Removes objects (`OBJECT_HAS_LEASE` under a lease unless `force`).
+    async fn remove(keys: Vec<String>, force: bool) -> Vec<CodeResult<()>>;
+    /// Removes every object; returns how many.
+    async fn remove_all(force: bool) -> CodeResult<u64>;
+    /// The real client's state: dummies, mappings, segment usage, object count.
+    async fn status() -> StatusReport;
+}

@@ -1,0 +1,289 @@
+//! The dummy's link to its real client: connect, handshake, register shared memory, and
+//! reconnect after the real client restarts.
+//!
+//! Calls never wait for a dead real client: a closed socket is noticed before each call
+//! (a zero-timeout `poll` for hang-up), the call fails with `RPC_FAIL`, and the next call
+//! after a short backoff tries to connect again and, on success, registers every segment
+//! anew. Handles that point into the old real client's memory are invalidated by the
+//! change of instance id.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::socket::{MsgFlags, recv};
+
+use mooncake_core::protocol::PROTOCOL_VERSION;
+use mooncake_core::protocol::address::SocketAddress;
+use mooncake_core::protocol::codec;
+use mooncake_core::protocol::handshake::{
+    DummyFrame, Purpose, RealFrame, SegmentKind, SegmentRegistration, decode_len, decode_payload,
+    encode_frame,
+};
+use mooncake_core::protocol::rpc::RealClientRpcClient;
+use mooncake_shm::SharedMemory;
+use mooncake_shm::fd_passing::{recv_exact_with_fds, send_with_fd};
+
+/// How long connecting and the handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// First wait between reconnect attempts; doubles up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(20);
+/// Longest wait between reconnect attempts.
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
+/// Why connecting to the real client failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// Nobody listens on the socket, or the socket could not be used.
+    #[error(
+        "cannot connect to mooncake_client at {address}: {source}; is mooncake_client running with the same --port (or --socket_path)?"
+    )]
+    Unreachable {
+        /// The address tried.
+        address: SocketAddress,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The real client refused the dummy.
+    #[error("mooncake_client at {address} refused this process: {reason}")]
+    Refused {
+        /// The address.
+        address: SocketAddress,
+        /// Its explanation.
+        reason: String,
+    },
+    /// The handshake broke down.
+    #[error("handshake with mooncake_client at {address} failed: {reason}")]
+    Protocol {
+        /// The address.
+        address: SocketAddress,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// Who this dummy is, as told to the real client.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    /// Random id, stable across reconnects.
+    pub client_id: u128,
+    /// Human-readable name.
+    pub name: String,
+}
+
+/// A segment to register, with its role.
+#[derive(Clone, Debug)]
+pub struct Offer {
+    /// The memory.
+    pub memory: Arc<SharedMemory>,
+    /// Pool or staging.
+    pub kind: SegmentKind,
+}
+
+/// A live session with one real client instance.
+#[derive(Debug)]
+pub struct Connected {
+    /// The RPC client.
+    pub rpc: RealClientRpcClient,
+    /// Instance id of the real client.
+    pub instance_id: u128,
+    /// A duplicate of the socket, used only to notice hang-ups (a peek that reads EOF).
+    watch: OwnedFd,
+}
+
+impl Connected {
+    /// True when the real client has closed the connection.
+    pub fn peer_hung_up(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut byte = [0u8; 1];
+        let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+        match recv(self.watch.as_raw_fd(), &mut byte, flags) {
+            Ok(0) => true,
+            Ok(_) | Err(Errno::EAGAIN | Errno::EINTR) => false,
+            Err(_) => true,
+        }
+    }
+}
+
+/// The state of the link.
+#[derive(Debug)]
+pub enum Link {
+    /// Serving calls.
+    Up(Connected),
+    /// Waiting to reconnect.
+    Down {
+        /// Earliest next attempt.
+        retry_at: Instant,
+        /// Current backoff.
+        backoff: Duration,
+    },
+    /// `close()` was called.
+    Closed,
+}
+
+impl Link {
+    /// A link that will try to connect on the next call.
+    pub fn down_now() -> Self {
+        Link::Down {
+            retry_at: Instant::now(),
+            backoff: MIN_BACKOFF,
+        }
+    }
+
+    /// Marks the link down after a failure, keeping the backoff growing.
+    pub fn fail(&mut self) {
+        let backoff = match self {
+            Link::Down { backoff, .. } => (*backoff * 2).min(MAX_BACKOFF),
+            _ => MIN_BACKOFF,
+        };
+        if !matches!(self, Link::Closed) {
+            *self = Link::Down {
+                retry_at: Instant::now() + backoff,
+                backoff,
+            };
+        }
+    }
+}
+
+fn send_frame(
+    stream: &UnixStream,
+    frame: &DummyFrame,
+    fd: Option<std::os::fd::BorrowedFd<'_>>,
+) -> std::io::Result<()> {
+    let bytes = encode_frame(frame).map_err(std::io::Error::other)?;
+    send_with_fd(stream, &bytes, fd)
+}
+
+fn receive(stream: &UnixStream) -> std::io::Result<RealFrame> {
+    let mut prefix = [0u8; 4];
+    recv_exact_with_fds(stream, &mut prefix)?;
+    let len = decode_len(prefix).map_err(std::io::Error::other)?;
+    let mut payload = vec![0u8; len];
+    recv_exact_with_fds(stream, &mut payload)?;
+    decode_payload(&payload).map_err(std::io::Error::other)
+}
+
+struct Handshake<'a> {
+    address: &'a SocketAddress,
+    stream: UnixStream,
+}
+
+impl<'a> Handshake<'a> {
+    fn open(
+        address: &'a SocketAddress,
+        identity: &Identity,
+        purpose: Purpose,
+    ) -> Result<(Self, u128), ConnectError> {
+        let unreachable = |source| ConnectError::Unreachable {
+            address: address.clone(),
+            source,
+        };
+        let addr = address.to_std().map_err(unreachable)?;
+        let stream = UnixStream::connect_addr(&addr).map_err(unreachable)?;
+        stream
+            .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+            .map_err(unreachable)?;
+        let handshake = Handshake { address, stream };
+        handshake.send(
+            &DummyFrame::Hello {
+                version: PROTOCOL_VERSION,
+                client_id: identity.client_id,
+                pid: std::process::id(),
+                name: identity.name.clone(),
+                purpose,
+            },
+            None,
+        )?;
+        match handshake.receive()? {
+            RealFrame::Welcome { version, instance_id, .. } if version == PROTOCOL_VERSION => {
+                Ok((handshake, instance_id))
+            }
+            RealFrame::Welcome { version, .. } => Err(handshake.protocol(format!(
+                "protocol version mismatch: real client speaks {version}, this dummy speaks {PROTOCOL_VERSION}"
+            ))),
+            RealFrame::Refused(reason) => Err(ConnectError::Refused {
+                address: address.clone(),
+                reason,
+            }),
+            other => Err(handshake.protocol(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    fn protocol(&self, reason: String) -> ConnectError {
+        ConnectError::Protocol {
+            address: self.address.clone(),
+            reason,
+        }
+    }
+
+    fn send(
+        &self,
+        frame: &DummyFrame,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<(), ConnectError> {
+        send_frame(&self.stream, frame, fd).map_err(|e| self.protocol(e.to_string()))
+    }
+
+    fn receive(&self) -> Result<RealFrame, ConnectError> {
+        receive(&self.stream).map_err(|e| self.protocol(e.to_string()))
+    }
+
+    fn register(&self, offer: &Offer) -> Result<(), ConnectError> {
+        let registration = SegmentRegistration {
+            dummy_base: offer.memory.base(),
+            len: offer.memory.len() as u64,
+            kind: offer.kind,
+        };
+        self.send(&DummyFrame::Register(registration), Some(offer.memory.fd()))?;
+        match self.receive()? {
+            RealFrame::Registered => Ok(()),
+            RealFrame::Rejected(reason) => Err(ConnectError::Refused {
+                address: self.address.clone(),
+                reason: format!("shared memory rejected: {reason}"),
+            }),
+            other => Err(self.protocol(format!("unexpected answer {other:?}"))),
+        }
+    }
+}
+
+/// Opens a session: handshake, registration of every offered segment, then RPC.
+/// Must be called inside the dummy's runtime (the RPC dispatch is spawned on it).
+pub fn connect(
+    address: &SocketAddress,
+    identity: &Identity,
+    offers: &[Offer],
+) -> Result<Connected, ConnectError> {
+    let (handshake, instance_id) = Handshake::open(address, identity, Purpose::Session)?;
+    for offer in offers {
+        handshake.register(offer)?;
+    }
+    handshake.send(&DummyFrame::Ready, None)?;
+    let stream = handshake.stream;
+    let fail = |e: std::io::Error| ConnectError::Protocol {
+        address: address.clone(),
+        reason: e.to_string(),
+    };
+    let watch = stream.as_fd().try_clone_to_owned().map_err(fail)?;
+    stream.set_read_timeout(None).map_err(fail)?;
+    stream.set_nonblocking(true).map_err(fail)?;
+    let stream = tokio::net::UnixStream::from_std(stream).map_err(fail)?;
+    let transport = codec::transport(stream);
+    let rpc = RealClientRpcClient::new(tarpc::client::Config::default(), transport).spawn();
+    Ok(Connected {
+        rpc,
+        instance_id,
+        watch,
+    })
+}
+
+/// Registers one more segment with an existing session over a side connection.
+pub fn attach(
+    address: &SocketAddress,
+    identity: &Identity,
+    offer: &Offer,
+) -> Result<(), ConnectError> {
+    let (handshake, _) = Handshake::open(address, identity, Purpose::Attach)?;
+    handshake.register(offer)
+}

@@ -1,0 +1,20 @@
+//! The mooncake-rs dummy client: the store client an inference rank embeds.
+//!
+//! It owns no store resources: it creates shared memory (a pool for zero-copy buffers
+//! and a staging buffer for ordinary memory), registers it with the node's real client
+//! (`mooncake_client`) over a Unix socket, and forwards every call there. Payload bytes
+//! never cross the socket on the zero-copy calls (`put_from`, `get_into` and their batch
+//! forms): the real client copies them directly between the segment and this process's
+//! shared memory.
+//!
+//! Return conventions follow upstream: every call returns a value or an
+//! [`ErrorCode`](mooncake_core::ErrorCode) whose number is upstream's; batch calls return
+//! one result per input.
+
+mod client;
+pub mod connection;
+mod memory;
+
+pub use client::{CLIENT_ADDRESS_ENV, DummyClient, Health, SetupError};
+pub use mooncake_core::error::{CodeResult, ErrorCode, ToRet};
+pub use mooncake_core::types::ReplicateConfig;

@@ -1,0 +1,314 @@
+//! Settings of `mooncake_client`: flags, their environment fallbacks and defaults, and
+//! validation.
+
+use std::time::Duration;
+
+use mooncake_core::flags::{self, FlagError, FlagKind, FlagSpec, ParsedFlags};
+use mooncake_core::master::MasterConfig;
+use mooncake_core::protocol::address::{DEFAULT_REAL_CLIENT_PORT, SocketAddress};
+
+/// Every flag `mooncake_client` accepts.
+pub static FLAGS: &[FlagSpec] = &[
+    FlagSpec {
+        name: "host",
+        kind: FlagKind::Value,
+        env: Some("MOONCAKE_LOCAL_HOSTNAME"),
+        default: Some("0.0.0.0"),
+        help: "address other nodes use to reach this one; also names the global segment",
+    },
+    FlagSpec {
+        name: "port",
+        kind: FlagKind::Value,
+        env: None,
+        default: Some("50052"),
+        help: "instance port; dummies find the socket @mooncake_client_<port>.sock",
+    },
+    FlagSpec {
+        name: "socket_path",
+        kind: FlagKind::Value,
+        env: None,
+        default: None,
+        help: "serve dummies on this socket file (mode 0600) instead of the abstract socket",
+    },
+    FlagSpec {
+        name: "allowed_uids",
+        kind: FlagKind::Value,
+        env: None,
+        default: None,
+        help: "comma-separated uids allowed to attach besides our own",
+    },
+    FlagSpec {
+        name: "master_server_address",
+        kind: FlagKind::Value,
+        env: Some("MOONCAKE_MASTER"),
+        default: Some("embedded"),
+        help: "master address; `embedded` runs the master in-process",
+    },
+    FlagSpec {
+        name: "metadata_server",
+        kind: FlagKind::Value,
+        env: Some("MOONCAKE_TE_META_DATA_SERVER"),
+        default: Some("P2PHANDSHAKE"),
+        help: "accepted for compatibility; placement metadata travels through the master",
+    },
+    FlagSpec {
+        name: "protocol",
+        kind: FlagKind::Value,
+        env: Some("MOONCAKE_PROTOCOL"),
+        default: Some("tcp"),
+        help: "transfer protocol: tcp",
+    },
+    FlagSpec {
+        name: "device_names",
+        kind: FlagKind::Value,
+        env: Some("MOONCAKE_DEVICE"),
+        default: Some(""),
+        help: "RDMA devices (rdma protocol only)",
+    },
+    FlagSpec {
+        name: "global_segment_size",
+        kind: FlagKind::Value,
+        env: Some("MOONCAKE_GLOBAL_SEGMENT_SIZE"),
+        default: Some("4 GB"),
+        help: "memory this node contributes to the pool (e.g. 4GB, 512MB)",
+    },
+    FlagSpec {
+        name: "local_buffer_size",
+        kind: FlagKind::Value,
+        env: Some("MOONCAKE_LOCAL_BUFFER_SIZE"),
+        default: Some("16 MB"),
+        help: "staging memory of the real client itself",
+    },
+    FlagSpec {
+        name: "max_dummy_shm_size",
+        kind: FlagKind::Value,
+        env: None,
+        default: Some("1 TB"),
+        help: "most shared memory one dummy may register",
+    },
+    FlagSpec {
+        name: "default_kv_lease_ttl",
+        kind: FlagKind::Value,
+        env: None,
+        default: Some("10000"),
+        help: "read lease in ms (or with a unit: 10s, 500ms)",
+    },
+    FlagSpec {
+        name: "threads",
+        kind: FlagKind::Value,
+        env: None,
+        default: Some("0"),
+        help: "worker threads; 0 means one per core",
+    },
+    FlagSpec {
+        name: "tenant_id",
+        kind: FlagKind::Value,
+        env: Some("MOONCAKE_TENANT_ID"),
+        default: Some("default"),
+        help: "tenant whose keys this client sees",
+    },
+    FlagSpec {
+        name: "enable_offload",
+        kind: FlagKind::Bool,
+        env: Some("MOONCAKE_OFFLOAD_ENABLED"),
+        default: Some("false"),
+        help: "enable the SSD tier (not available yet)",
+    },
+    FlagSpec {
+        name: "log_level",
+        kind: FlagKind::Value,
+        env: None,
+        default: Some("info"),
+        help: "error, warn, info, debug or trace (RUST_LOG overrides)",
+    },
+];
+
+/// Validated settings of a real client.
+#[derive(Clone, Debug)]
+pub struct RealClientConfig {
+    /// Host name other nodes use; the segment is named `host:port`.
+    pub host: String,
+    /// Instance port.
+    pub port: u16,
+    /// Where dummies connect.
+    pub socket: SocketAddress,
+    /// Uids allowed besides our own.
+    pub allowed_uids: Vec<u32>,
+    /// Size of the global segment in bytes.
+    pub global_segment_size: u64,
+    /// Most shared memory one dummy may register.
+    pub max_dummy_shm_size: u64,
+    /// Worker threads (0: one per core).
+    pub threads: usize,
+    /// Tenant id.
+    pub tenant_id: String,
+    /// Settings of the embedded master.
+    pub master: MasterConfig,
+    /// Log filter.
+    pub log_level: String,
+}
+
+/// Why the configuration was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A flag or value did not parse.
+    #[error(transparent)]
+    Flag(#[from] FlagError),
+    /// A value parsed but is not acceptable.
+    #[error("invalid --{flag}: {reason}")]
+    Invalid {
+        /// Flag name.
+        flag: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+fn invalid(flag: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        flag,
+        reason: reason.into(),
+    }
+}
+
+impl RealClientConfig {
+    /// Parses command-line arguments (without the program name) and the environment.
+    pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Self, ConfigError> {
+        let parsed = flags::parse(
+            FLAGS,
+            "mooncake_client",
+            "the mooncake-rs real client: serves dummy clients and owns this node's segment",
+            args,
+            |var| std::env::var(var).ok(),
+        )?;
+        Self::from_flags(&parsed)
+    }
+
+    /// Builds and validates the settings from parsed flags.
+    pub fn from_flags(flags: &ParsedFlags) -> Result<Self, ConfigError> {
+        let port: u16 = flags.number("port")?.unwrap_or(DEFAULT_REAL_CLIENT_PORT);
+        if port == 0 {
+            return Err(invalid("port", "must be between 1 and 65535"));
+        }
+        let socket = match flags.string("socket_path") {
+            Some(path) => SocketAddress::parse(&format!("unix:{path}"))
+                .map_err(|e| invalid("socket_path", e.to_string()))?,
+            None => SocketAddress::for_port(port),
+        };
+        let global_segment_size = flags.size("global_segment_size")?.unwrap_or(0);
+        if global_segment_size == 0 {
+            return Err(invalid(
+                "global_segment_size",
+                "must be larger than zero (e.g. 4GB)",
+            ));
+        }
+        let master_address = flags.string("master_server_address").unwrap_or_default();
+        if master_address != "embedded" {
+            return Err(invalid(
+                "master_server_address",
+                format!(
+                    "{master_address:?}: only `embedded` is supported by this build; a standalone master is not available yet"
+                ),
+            ));
+        }
+        let protocol = flags.string("protocol").unwrap_or_default();
+        if protocol != "tcp" {
+            return Err(invalid(
+                "protocol",
+                format!("{protocol:?}: only tcp is available in this build"),
+            ));
+        }
+        if flags.bool("enable_offload")? {
+            return Err(invalid(
+                "enable_offload",
+                "the SSD tier is not available in this build yet",
+            ));
+        }
+        let lease = flags
+            .duration("default_kv_lease_ttl", true)?
+            .unwrap_or(Duration::from_secs(10));
+        if lease.is_zero() {
+            return Err(invalid("default_kv_lease_ttl", "must be larger than zero"));
+        }
+        let allowed_uids = parse_uids(flags.string("allowed_uids").as_deref().unwrap_or(""))?;
+        // The value is validated here but the engine is loaded lazily by later tiers.
+        let _local_buffer = flags.size("local_buffer_size")?;
+        Ok(RealClientConfig {
+            host: flags.string("host").unwrap_or_else(|| "0.0.0.0".into()),
+            port,
+            socket,
+            allowed_uids,
+            global_segment_size,
+            max_dummy_shm_size: flags.size("max_dummy_shm_size")?.unwrap_or(u64::MAX),
+            threads: flags.number("threads")?.unwrap_or(0),
+            tenant_id: flags
+                .string("tenant_id")
+                .unwrap_or_else(|| "default".into()),
+            master: MasterConfig {
+                default_kv_lease_ttl: lease,
+                ..MasterConfig::default()
+            },
+            log_level: flags.string("log_level").unwrap_or_else(|| "info".into()),
+        })
+    }
+
+    /// The name of this node's global segment.
+    pub fn segment_name(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+}
+
+fn parse_uids(text: &str) -> Result<Vec<u32>, ConfigError> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<u32>()
+                .map_err(|_| invalid("allowed_uids", format!("{t:?} is not a numeric uid")))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(args: &[&str]) -> Result<RealClientConfig, ConfigError> {
+        let parsed = flags::parse(FLAGS, "t", "t", args.iter().map(|s| s.to_string()), |_| {
+            None
+        })?;
+        RealClientConfig::from_flags(&parsed)
+    }
+
+    #[test]
+    fn documented_defaults() {
+        let config = config(&[]).expect("defaults are valid");
+        assert_eq!(config.port, 50052);
+        assert_eq!(config.global_segment_size, 4 << 30);
+        assert_eq!(
+            config.socket,
+            SocketAddress::Abstract("@mooncake_client_50052.sock".into())
+        );
+        assert_eq!(config.master.default_kv_lease_ttl, Duration::from_secs(10));
+        assert_eq!(config.host, "0.0.0.0");
+        assert!(config.allowed_uids.is_empty());
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        for args in [
+            &["--global_segment_size=lots"][..],
+            &["--global_segment_size=0"],
+            &["--port=0"],
+            &["--allowed_uids=root"],
+            &["--default_kv_lease_ttl=0"],
+            &["--master_server_address=10.0.0.1:50051"],
+        ] {
+            assert!(config(args).is_err(), "{args:?}");
+        }
+        let config =
+            config(&["--socket_path=/tmp/x.sock", "--allowed-uids", "1,2"]).expect("valid");
+        assert_eq!(config.socket, SocketAddress::Path("/tmp/x.sock".into()));
+        assert_eq!(config.allowed_uids, vec![1, 2]);
+    }
+}

@@ -1,0 +1,218 @@
+//! The dummy-facing server: the Unix socket listener, peer checks, the handshake and
+//! one tarpc channel per dummy.
+
+use std::os::unix::net::{UnixListener as StdListener, UnixStream as StdStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use tarpc::server::{BaseChannel, Channel};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+
+use mooncake_core::protocol::address::SocketAddress;
+use mooncake_core::protocol::codec;
+use mooncake_core::protocol::rpc::{RealClientRpc, StatusReport};
+use mooncake_shm::fd_passing::{PeerCredentials, peer_credentials};
+
+use crate::handshake::{self, Outcome, ServerIdentity};
+use crate::rpc::DummyHandler;
+use crate::session::Sessions;
+use crate::store::Store;
+
+/// How long a dummy may take to finish its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// State shared by every connection of one real client.
+#[derive(Debug)]
+pub struct ServerState {
+    /// What dummies are told about this process.
+    pub identity: ServerIdentity,
+    /// Reads and writes.
+    pub store: Store,
+    /// Attached dummies.
+    pub sessions: Sessions,
+    /// Uids allowed to attach (our own is always allowed).
+    pub allowed_uids: Vec<u32>,
+    /// When the process started serving.
+    pub started: Instant,
+}
+
+impl ServerState {
+    /// The status report served to `mooncake_cli status`.
+    pub fn status(&self) -> StatusReport {
+        let dummies = self.sessions.infos();
+        StatusReport {
+            instance_id: self.identity.instance_id,
+            pid: std::process::id(),
+            segment_name: self.identity.segment_name.clone(),
+            uptime_secs: self.started.elapsed().as_secs(),
+            mapped_bytes: dummies.iter().map(|d| d.mapped_bytes).sum(),
+            dummies,
+            master: self.store.master().stats(),
+        }
+    }
+
+    fn is_allowed(&self, uid: u32) -> bool {
+        uid == nix::unistd::geteuid().as_raw() || self.allowed_uids.contains(&uid)
+    }
+}
+
+/// Why the listener could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// Another process serves this socket.
+    #[error(
+        "{socket} is already in use: another mooncake_client is serving it; stop it or choose another --port / --socket_path"
+    )]
+    InUse {
+        /// The socket.
+        socket: SocketAddress,
+    },
+    /// Any other failure.
+    #[error("cannot listen on {socket}: {source}")]
+    Other {
+        /// The socket.
+        socket: SocketAddress,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// Binds the dummy socket. A stale socket file (nobody listening) is replaced; a live
+/// one is `InUse`. Socket files get mode 0600.
+pub fn bind(socket: &SocketAddress) -> Result<StdListener, BindError> {
+    let other = |source| BindError::Other {
+        socket: socket.clone(),
+        source,
+    };
+    if let SocketAddress::Path(path) = socket
+        && path.exists()
+    {
+        if StdStream::connect(path).is_ok() {
+            return Err(BindError::InUse {
+                socket: socket.clone(),
+            });
+        }
+        std::fs::remove_file(path).map_err(other)?;
+    }
+    let addr = socket.to_std().map_err(other)?;
+    let listener = StdListener::bind_addr(&addr).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse => BindError::InUse {
+            socket: socket.clone(),
+        },
+        _ => other(e),
+    })?;
+    if let SocketAddress::Path(path) = socket {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(other)?;
+    }
+    listener.set_nonblocking(true).map_err(other)?;
+    Ok(listener)
+}
+
+/// Accepts dummies until `shutdown` turns true.
+pub async fn serve(
+    listener: StdListener,
+    state: Arc<ServerState>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let listener = match UnixListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::error!(%error, "cannot register the listener with the runtime");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    tokio::spawn(connection(stream, Arc::clone(&state)));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = shutdown.changed() => break,
+        }
+    }
+}
+
+/// Serves one accepted connection from handshake to close.
+async fn connection(stream: UnixStream, state: Arc<ServerState>) {
+    let Ok(std_stream) = stream.into_std() else {
+        return;
+    };
+    let handshake_state = Arc::clone(&state);
+    let result = tokio::task::spawn_blocking(move || {
+        let outcome = handshake_blocking(&std_stream, &handshake_state);
+        (std_stream, outcome)
+    })
+    .await;
+    let Ok((std_stream, outcome)) = result else {
+        return;
+    };
+    let session = match outcome {
+        Ok(Outcome::Session(session)) => session,
+        Ok(Outcome::Attached) => return,
+        Err(error) => {
+            tracing::warn!(%error, "dummy handshake failed");
+            return;
+        }
+    };
+    let stream = match std_stream
+        .set_read_timeout(None)
+        .and_then(|()| std_stream.set_nonblocking(true))
+        .and_then(|()| UnixStream::from_std(std_stream))
+    {
+        Ok(stream) => stream,
+        Err(error) => {
+            tracing::warn!(%error, "cannot switch the dummy connection to RPC");
+            return;
+        }
+    };
+    state.sessions.insert(Arc::clone(&session));
+    let info = session.info();
+    tracing::info!(pid = info.pid, uid = info.uid, name = %info.name, segments = info.segments, mapped_bytes = info.mapped_bytes, "dummy attached");
+    let handler = DummyHandler {
+        state: Arc::clone(&state),
+        session: Arc::clone(&session),
+    };
+    let transport = codec::transport(stream);
+    BaseChannel::with_defaults(transport)
+        .execute(handler.serve())
+        .for_each(|request| async {
+            tokio::spawn(request);
+        })
+        .await;
+    state.sessions.remove(&session);
+    tracing::info!(pid = info.pid, name = %info.name, "dummy detached; its shared memory is released");
+}
+
+fn handshake_blocking(
+    stream: &StdStream,
+    state: &ServerState,
+) -> Result<Outcome, handshake::HandshakeError> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    let peer: PeerCredentials = peer_credentials(stream)?;
+    if !state.is_allowed(peer.uid) {
+        let reason = format!(
+            "uid {} is not allowed to use this mooncake_client (it runs as uid {}); start it with --allowed_uids={} or run the dummy as the same user",
+            peer.uid,
+            nix::unistd::geteuid().as_raw(),
+            peer.uid
+        );
+        tracing::warn!(
+            pid = peer.pid,
+            uid = peer.uid,
+            "refused a dummy with a disallowed uid"
+        );
+        // Read the hello first so the refusal is the peer's first answer.
+        let _ = handshake::read_hello_and_refuse(stream, reason.clone());
+        return Err(handshake::HandshakeError::Refused(reason));
+    }
+    handshake::serve(stream, peer, &state.identity, &state.sessions)
+}

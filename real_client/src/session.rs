@@ -1,0 +1,101 @@
+//! Per-dummy state: who the dummy is and the shared memory it registered.
+//!
+//! A session lives exactly as long as the dummy's main connection. When it closes (clean
+//! exit, crash, kill -9), [`Sessions::remove`] drops the session, which unmaps the
+//! dummy's memory as soon as no copy in flight still uses it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use mooncake_core::protocol::rpc::DummyInfo;
+use mooncake_shm::{MemSlice, Registry, TranslateError};
+
+/// One attached dummy.
+#[derive(Debug)]
+pub struct Session {
+    /// The dummy's random id.
+    pub client_id: u128,
+    /// Its process id (from the socket credentials).
+    pub pid: u32,
+    /// Its uid (from the socket credentials).
+    pub uid: u32,
+    /// Its self-reported name.
+    pub name: String,
+    /// Its registered shared memory.
+    registry: RwLock<Registry>,
+}
+
+impl Session {
+    /// A session with no memory registered yet.
+    pub fn new(client_id: u128, pid: u32, uid: u32, name: String) -> Self {
+        Session {
+            client_id,
+            pid,
+            uid,
+            name,
+            registry: RwLock::new(Registry::default()),
+        }
+    }
+
+    /// Translates a dummy range into its shared memory.
+    pub fn translate(&self, addr: u64, len: u64) -> Result<MemSlice, TranslateError> {
+        self.registry.read().translate(addr, len)
+    }
+
+    /// The registry, for adding segments.
+    pub fn registry(&self) -> &RwLock<Registry> {
+        &self.registry
+    }
+
+    /// A status line for this dummy.
+    pub fn info(&self) -> DummyInfo {
+        let registry = self.registry.read();
+        DummyInfo {
+            client_id: self.client_id,
+            pid: self.pid,
+            uid: self.uid,
+            name: self.name.clone(),
+            segments: u32::try_from(registry.segment_count()).unwrap_or(u32::MAX),
+            mapped_bytes: registry.mapped_bytes(),
+        }
+    }
+}
+
+/// Every attached dummy, by client id.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    by_id: Mutex<HashMap<u128, Arc<Session>>>,
+}
+
+impl Sessions {
+    /// Adds a session, replacing a stale one with the same id.
+    pub fn insert(&self, session: Arc<Session>) {
+        self.by_id.lock().insert(session.client_id, session);
+    }
+
+    /// Removes `session` (only that exact session, not a newer one with the same id).
+    pub fn remove(&self, session: &Arc<Session>) {
+        let mut by_id = self.by_id.lock();
+        if by_id
+            .get(&session.client_id)
+            .is_some_and(|current| Arc::ptr_eq(current, session))
+        {
+            by_id.remove(&session.client_id);
+        }
+    }
+
+    /// The session of a client id.
+    pub fn get(&self, client_id: u128) -> Option<Arc<Session>> {
+        self.by_id.lock().get(&client_id).cloned()
+    }
+
+    /// Status of every session, sorted by pid.
+    pub fn infos(&self) -> Vec<DummyInfo> {
+        let sessions: Vec<Arc<Session>> = self.by_id.lock().values().cloned().collect();
+        let mut infos: Vec<DummyInfo> = sessions.iter().map(|s| s.info()).collect();
+        infos.sort_by_key(|i| i.pid);
+        infos
+    }
+}

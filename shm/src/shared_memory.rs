@@ -1,0 +1,350 @@
+//! [`SharedMemory`]: one memfd-backed mapping, created here or received from a peer.
+
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use memmap2::MmapRaw;
+use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+
+use crate::sys;
+
+/// Why shared memory could not be created or mapped.
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    /// memfd_create or sizing failed.
+    #[error("cannot create a {len}-byte shared memory segment: {source}")]
+    Create {
+        /// Requested size.
+        len: u64,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// mmap failed.
+    #[error(
+        "cannot map a {len}-byte shared memory segment: {source} (check `ulimit -v` and free memory)"
+    )]
+    Map {
+        /// Requested size.
+        len: u64,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A zero or oversized length.
+    #[error("invalid shared memory size {len}: must be between 1 byte and the address space")]
+    BadSize {
+        /// Requested size.
+        len: u64,
+    },
+    /// A received memfd is smaller than the size its sender declared.
+    #[error("received memfd holds {actual} bytes but {declared} were declared")]
+    TooSmall {
+        /// Declared size.
+        declared: u64,
+        /// Actual file size.
+        actual: u64,
+    },
+    /// A received memfd could still be shrunk under the mapping.
+    #[error(
+        "received memfd is not sealed against shrinking (F_SEAL_SHRINK); it could be truncated under the mapping"
+    )]
+    NotSealed,
+    /// fstat or fcntl on a received fd failed.
+    #[error("cannot inspect the received file descriptor: {0}")]
+    Inspect(std::io::Error),
+}
+
+/// Page size used for a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageSize {
+    /// The normal page size.
+    Normal,
+    /// 2 MiB hugepages.
+    Huge2M,
+    /// 1 GiB hugepages.
+    Huge1G,
+}
+
+impl PageSize {
+    /// The page size requested by `MC_STORE_USE_HUGEPAGE` / `MC_STORE_HUGEPAGE_SIZE`.
+    pub fn from_env() -> Self {
+        let enabled = std::env::var("MC_STORE_USE_HUGEPAGE")
+            .ok()
+            .and_then(|v| mooncake_core::flags::parse_bool(&v))
+            .unwrap_or(false);
+        if !enabled {
+            return PageSize::Normal;
+        }
+        match std::env::var("MC_STORE_HUGEPAGE_SIZE")
+            .ok()
+            .as_deref()
+            .map(str::trim)
+        {
+            Some("1GB" | "1G" | "1GiB" | "1gb" | "1g") => PageSize::Huge1G,
+            _ => PageSize::Huge2M,
+        }
+    }
+
+    fn bytes(self) -> u64 {
+        match self {
+            PageSize::Normal => 4096,
+            PageSize::Huge2M => 2 << 20,
+            PageSize::Huge1G => 1 << 30,
+        }
+    }
+}
+
+/// A memfd and its shared mapping in this process.
+#[derive(Debug)]
+pub struct SharedMemory {
+    file: File,
+    map: MmapRaw,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory shared by design; all access goes through raw
+// pointers under the contract of `sys::copy_bytes`, never through Rust references.
+unsafe impl Send for SharedMemory {}
+// SAFETY: as above; no interior state besides the mapping itself.
+unsafe impl Sync for SharedMemory {}
+
+fn to_usize(len: u64) -> Result<usize, ShmError> {
+    usize::try_from(len)
+        .ok()
+        .filter(|l| *l > 0)
+        .ok_or(ShmError::BadSize { len })
+}
+
+impl SharedMemory {
+    /// Creates a sealed memfd of `len` bytes (rounded up to the page size) and maps it.
+    /// Hugepages fall back to normal pages, with a warning, when the pool is empty.
+    pub fn create(name: &str, len: u64, page: PageSize) -> Result<Self, ShmError> {
+        if page != PageSize::Normal {
+            match Self::create_with(name, len, page) {
+                Ok(mem) => return Ok(mem),
+                Err(error) => tracing::warn!(
+                    %error, ?page,
+                    "hugepages unavailable (is /proc/sys/vm/nr_hugepages 0?); falling back to normal pages"
+                ),
+            }
+        }
+        Self::create_with(name, len, PageSize::Normal)
+    }
+
+    fn create_with(name: &str, len: u64, page: PageSize) -> Result<Self, ShmError> {
+        let rounded = len
+            .checked_next_multiple_of(page.bytes())
+            .ok_or(ShmError::BadSize { len })?;
+        let size = to_usize(rounded)?;
+        let create_err = |source| ShmError::Create { len, source };
+        let mut options = memfd::MemfdOptions::default()
+            .allow_sealing(true)
+            .close_on_exec(true);
+        options = match page {
+            PageSize::Normal => options,
+            PageSize::Huge2M => options.hugetlb(Some(memfd::HugetlbSize::Huge2MB)),
+            PageSize::Huge1G => options.hugetlb(Some(memfd::HugetlbSize::Huge1GB)),
+        };
+        let memfd = options
+            .create(name)
+            .map_err(|e| create_err(std::io::Error::other(e)))?;
+        memfd.as_file().set_len(rounded).map_err(create_err)?;
+        memfd
+            .add_seals(&[memfd::FileSeal::SealShrink, memfd::FileSeal::SealGrow])
+            .and_then(|()| memfd.add_seal(memfd::FileSeal::SealSeal))
+            .map_err(|e| create_err(std::io::Error::other(e)))?;
+        let file = memfd.into_file();
+        let map =
+            sys::map_shared(&file, size, true).map_err(|source| ShmError::Map { len, source })?;
+        Ok(SharedMemory {
+            file,
+            map,
+            len: size,
+        })
+    }
+
+    /// Maps a memfd received from a peer that declared it `declared_len` bytes long,
+    /// after checking it is that large and sealed against shrinking.
+    pub fn map_received(fd: OwnedFd, declared_len: u64) -> Result<Self, ShmError> {
+        let len = to_usize(declared_len)?;
+        let seals = fcntl(&fd, FcntlArg::F_GET_SEALS)
+            .map_err(|e| ShmError::Inspect(std::io::Error::from(e)))?;
+        if !SealFlag::from_bits_truncate(seals).contains(SealFlag::F_SEAL_SHRINK) {
+            return Err(ShmError::NotSealed);
+        }
+        let file = File::from(fd);
+        let actual = file.metadata().map_err(ShmError::Inspect)?.len();
+        if actual < declared_len {
+            return Err(ShmError::TooSmall {
+                declared: declared_len,
+                actual,
+            });
+        }
+        let map = sys::map_shared(&file, len, true).map_err(|source| ShmError::Map {
+            len: declared_len,
+            source,
+        })?;
+        Ok(SharedMemory { file, map, len })
+    }
+
+    /// Start of the mapping in this process.
+    pub fn base(&self) -> u64 {
+        self.map.as_mut_ptr() as u64
+    }
+
+    /// Length of the mapping.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: segments are never empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Faults in every page now (MADV_POPULATE_WRITE) so later copies do not pay page
+    /// faults; best effort, errors are logged at debug level.
+    pub fn prefault(&self) {
+        const CHUNK: usize = 64 << 20;
+        let mut offset = 0;
+        while offset < self.len {
+            let len = CHUNK.min(self.len - offset);
+            if let Err(error) = self
+                .map
+                .advise_range(memmap2::Advice::PopulateWrite, offset, len)
+            {
+                tracing::debug!(%error, "prefault stopped");
+                return;
+            }
+            offset += len;
+        }
+    }
+
+    /// The memfd, for sending to a peer.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// A view of `offset..offset+len`, or `None` when it is not wholly inside.
+    pub fn slice(self: &Arc<Self>, offset: u64, len: u64) -> Option<MemSlice> {
+        let end = offset.checked_add(len)?;
+        if len == 0 || end > self.len as u64 {
+            return None;
+        }
+        Some(MemSlice {
+            mem: Arc::clone(self),
+            offset: usize::try_from(offset).ok()?,
+            len: usize::try_from(len).ok()?,
+        })
+    }
+}
+
+/// A bounds-checked range of some [`SharedMemory`] that keeps the mapping alive.
+#[derive(Debug, Clone)]
+pub struct MemSlice {
+    mem: Arc<SharedMemory>,
+    offset: usize,
+    len: usize,
+}
+
+impl MemSlice {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: empty slices are never created.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: `offset < mem.len` was checked when the slice was made.
+        unsafe { self.mem.map.as_mut_ptr().add(self.offset) }
+    }
+
+    /// Copies `min(self.len, dst.len)` bytes from this slice into `dst`; returns the count.
+    pub fn copy_to(&self, dst: &MemSlice) -> usize {
+        let len = self.len.min(dst.len);
+        // SAFETY: both slices were bounds-checked against live mappings they keep alive.
+        unsafe { sys::copy_bytes(self.ptr(), dst.ptr(), len) };
+        len
+    }
+
+    /// Copies from ordinary memory into this slice; `src` must not be longer.
+    pub fn write_from(&self, src: &[u8]) -> usize {
+        let len = self.len.min(src.len());
+        // SAFETY: `src` is a valid slice; the destination was bounds-checked.
+        unsafe { sys::copy_bytes(src.as_ptr(), self.ptr(), len) };
+        len
+    }
+
+    /// Copies this slice into ordinary memory; `dst` must not be longer.
+    pub fn read_into(&self, dst: &mut [u8]) -> usize {
+        let len = self.len.min(dst.len());
+        // SAFETY: `dst` is a valid mutable slice; the source was bounds-checked.
+        unsafe { sys::copy_bytes(self.ptr(), dst.as_mut_ptr(), len) };
+        len
+    }
+
+    /// Copies this slice into a new vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.len];
+        self.read_into(&mut out);
+        out
+    }
+
+    /// A sub-range of this slice, or `None` when it is not wholly inside.
+    pub fn sub(&self, offset: u64, len: u64) -> Option<MemSlice> {
+        let start = u64::try_from(self.offset).ok()?.checked_add(offset)?;
+        let end = offset.checked_add(len)?;
+        if end > self.len as u64 {
+            return None;
+        }
+        self.mem.slice(start, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn create_seal_and_map_again() {
+        let mem = Arc::new(SharedMemory::create("test", 10_000, PageSize::Normal).expect("create"));
+        assert_eq!(mem.len(), 12_288, "rounded to pages");
+        let dup = mem.fd().try_clone_to_owned().expect("dup");
+        let peer = Arc::new(SharedMemory::map_received(dup, 12_288).expect("map"));
+        mem.slice(100, 5).expect("in range").write_from(b"hello");
+        assert_eq!(peer.slice(100, 5).expect("in range").to_vec(), b"hello");
+        assert!(mem.slice(12_000, 289).is_none());
+        assert!(mem.slice(0, 0).is_none());
+        assert!(mem.slice(u64::MAX, 2).is_none());
+        assert!(
+            nix::unistd::ftruncate(mem.fd(), 10).is_err(),
+            "sealed against shrinking"
+        );
+        let _ = mem.fd().as_raw_fd();
+    }
+
+    #[test]
+    fn rejects_unsealed_or_short_fds() {
+        let plain = memfd::MemfdOptions::default()
+            .create("plain")
+            .expect("memfd");
+        plain.as_file().set_len(4096).expect("size");
+        let fd = OwnedFd::from(plain.into_file());
+        assert!(matches!(
+            SharedMemory::map_received(fd, 4096),
+            Err(ShmError::NotSealed)
+        ));
+
+        let mem = SharedMemory::create("short", 4096, PageSize::Normal).expect("create");
+        let dup = mem.fd().try_clone_to_owned().expect("dup");
+        assert!(matches!(
+            SharedMemory::map_received(dup, 1 << 20),
+            Err(ShmError::TooSmall { .. })
+        ));
+    }
+}
