@@ -148,12 +148,10 @@ impl RangeAllocator {
     }
 
     fn overlaps_free(&self, start: u64, end: u64) -> bool {
-        let before = self
-            .by_offset
+        self.by_offset
             .range(..end)
             .next_back()
-            .is_some_and(|(&off, &len)| off + len > start);
-        before
+            .is_some_and(|(&off, &len)| off + len > start)
     }
 
     fn insert_free(&mut self, offset: u64, len: u64) {

@@ -230,6 +230,15 @@ impl RealClientConfig {
         if lease.is_zero() {
             return Err(invalid("default_kv_lease_ttl", "must be larger than zero"));
         }
+        let log_level = flags.string("log_level").unwrap_or_else(|| "info".into());
+        if !is_log_filter(&log_level) {
+            return Err(invalid(
+                "log_level",
+                format!(
+                    "{log_level:?}: use error, warn, info, debug or trace (or a RUST_LOG-style filter such as info,mooncake_real_client=debug)"
+                ),
+            ));
+        }
         let allowed_uids = parse_uids(flags.string("allowed_uids").as_deref().unwrap_or(""))?;
         // The value is validated here but the engine is loaded lazily by later tiers.
         let _local_buffer = flags.size("local_buffer_size")?;
@@ -248,7 +257,7 @@ impl RealClientConfig {
                 default_kv_lease_ttl: lease,
                 ..MasterConfig::default()
             },
-            log_level: flags.string("log_level").unwrap_or_else(|| "info".into()),
+            log_level,
         })
     }
 
@@ -256,6 +265,16 @@ impl RealClientConfig {
     pub fn segment_name(&self) -> String {
         format!("{}:{}", self.host, self.port)
     }
+}
+
+/// True for a level name or a `target=level` filter list.
+fn is_log_filter(text: &str) -> bool {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    !text.is_empty()
+        && text.split(',').all(|part| {
+            let level = part.rsplit_once('=').map_or(part, |(_, level)| level);
+            LEVELS.contains(&level.trim().to_ascii_lowercase().as_str())
+        })
 }
 
 fn parse_uids(text: &str) -> Result<Vec<u32>, ConfigError> {
@@ -303,6 +322,7 @@ mod tests {
             &["--allowed_uids=root"],
             &["--default_kv_lease_ttl=0"],
             &["--master_server_address=10.0.0.1:50051"],
+            &["--log_level=infoo"],
         ] {
             assert!(config(args).is_err(), "{args:?}");
         }

@@ -83,6 +83,9 @@ impl RealClient {
     /// [`serve`](Self::serve).
     pub fn start(config: RealClientConfig) -> Result<Self, StartError> {
         let started = Instant::now();
+        // Bind first: a second instance on the same socket must fail before it
+        // allocates gigabytes of segment.
+        let listener = server::bind(&config.socket)?;
         let master = Arc::new(MasterService::new(config.master.clone(), Clock::System));
         let memory = SharedMemory::create(
             "mooncake_segment",
@@ -99,7 +102,6 @@ impl RealClient {
         let id = master
             .mount_segment(&segment_name, memory.len() as u64)
             .map_err(StartError::Mount)?;
-        let listener = server::bind(&config.socket)?;
         let state = Arc::new(ServerState {
             identity: ServerIdentity {
                 instance_id: random_id(),
@@ -141,6 +143,8 @@ impl RealClient {
             segment = %self.state.identity.segment_name,
             global_segment_size = %format_size(config.global_segment_size),
             master = "embedded",
+            protocol = "tcp",
+            max_dummy_shm_size = %format_size(config.max_dummy_shm_size),
             lease_ttl_ms = config.master.default_kv_lease_ttl.as_millis(),
             allowed_uids = ?config.allowed_uids,
             threads = config.threads,

@@ -157,6 +157,12 @@ async fn connection(stream: UnixStream, state: Arc<ServerState>) {
     let session = match outcome {
         Ok(Outcome::Session(session)) => session,
         Ok(Outcome::Attached) => return,
+        Err(handshake::HandshakeError::Io(error))
+            if error.kind() == std::io::ErrorKind::UnexpectedEof =>
+        {
+            tracing::debug!("a peer connected and closed without a handshake (a liveness probe?)");
+            return;
+        }
         Err(error) => {
             tracing::warn!(%error, "dummy handshake failed");
             return;

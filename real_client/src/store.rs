@@ -21,7 +21,7 @@ pub enum Payload<'a> {
 
 impl Payload<'_> {
     /// Total length, or `None` if it overflows.
-    pub fn len(&self) -> Option<u64> {
+    pub fn total_len(&self) -> Option<u64> {
         match self {
             Payload::Slices(slices) => slices
                 .iter()
@@ -103,7 +103,7 @@ impl Store {
         payload: &Payload<'_>,
         config: &ReplicateConfig,
     ) -> CodeResult<()> {
-        let size = payload.len().ok_or(ErrorCode::INVALID_PARAMS)?;
+        let size = payload.total_len().ok_or(ErrorCode::INVALID_PARAMS)?;
         let started = match self.master.put_start(key, size, config) {
             Ok(started) => started,
             Err(ErrorCode::OBJECT_ALREADY_EXISTS) => return Ok(()),

@@ -15,8 +15,10 @@
 //!   ([`Registry::translate`]) before any byte moves.
 //! * **When it is unmapped**: when the dummy's session ends (clean close, crash, kill -9:
 //!   the kernel closes the socket), the real client drops the registry; a copy already in
-//!   flight holds its mapping alive through an `Arc` until it finishes. The dummy unmaps
-//!   on close; the memory itself is freed when the last mapping and fd are gone.
+//!   flight holds its mapping alive through an `Arc` until it finishes. The dummy keeps
+//!   its own mappings until its client object is dropped (after `close()` a pointer the
+//!   application still holds stays valid memory); the memory itself is freed when the
+//!   last mapping and fd are gone.
 //! * **If the real client dies**, the dummy keeps its memfds and registers them again
 //!   with the next real client instance.
 

@@ -116,11 +116,24 @@ fn to_usize(len: u64) -> Result<usize, ShmError> {
 }
 
 impl SharedMemory {
-    /// Creates a sealed memfd of `len` bytes (rounded up to the page size) and maps it.
-    /// Hugepages fall back to normal pages, with a warning, when the pool is empty.
+    /// Creates a sealed memfd of `len` bytes (rounded up to the page size) and maps it,
+    /// with every page faulted in. Hugepages fall back to normal pages, with a warning,
+    /// when the pool is empty.
     pub fn create(name: &str, len: u64, page: PageSize) -> Result<Self, ShmError> {
+        Self::create_populated(name, len, page, true)
+    }
+
+    /// Like [`create`](Self::create), but leaves the pages to be faulted in on first use
+    /// (or by [`prefault`](Self::prefault)) when `populate` is false, so that a large
+    /// segment does not delay startup.
+    pub fn create_populated(
+        name: &str,
+        len: u64,
+        page: PageSize,
+        populate: bool,
+    ) -> Result<Self, ShmError> {
         if page != PageSize::Normal {
-            match Self::create_with(name, len, page) {
+            match Self::create_with(name, len, page, populate) {
                 Ok(mem) => return Ok(mem),
                 Err(error) => tracing::warn!(
                     %error, ?page,
@@ -128,10 +141,10 @@ impl SharedMemory {
                 ),
             }
         }
-        Self::create_with(name, len, PageSize::Normal)
+        Self::create_with(name, len, PageSize::Normal, populate)
     }
 
-    fn create_with(name: &str, len: u64, page: PageSize) -> Result<Self, ShmError> {
+    fn create_with(name: &str, len: u64, page: PageSize, populate: bool) -> Result<Self, ShmError> {
         let rounded = len
             .checked_next_multiple_of(page.bytes())
             .ok_or(ShmError::BadSize { len })?;
@@ -154,8 +167,8 @@ impl SharedMemory {
             .and_then(|()| memfd.add_seal(memfd::FileSeal::SealSeal))
             .map_err(|e| create_err(std::io::Error::other(e)))?;
         let file = memfd.into_file();
-        let map =
-            sys::map_shared(&file, size, true).map_err(|source| ShmError::Map { len, source })?;
+        let map = sys::map_shared(&file, size, populate)
+            .map_err(|source| ShmError::Map { len, source })?;
         Ok(SharedMemory {
             file,
             map,

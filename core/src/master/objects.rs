@@ -40,8 +40,6 @@ pub struct ObjectEntry {
     pub state: WriteState,
     /// Removal (unless forced) is refused until this instant; it doubles as the LRU stamp.
     pub lease_until: Instant,
-    /// Never evicted.
-    pub hard_pinned: bool,
 }
 
 impl ObjectEntry {

@@ -169,7 +169,6 @@ impl MasterService {
                 .collect(),
             state: WriteState::Processing { started: now },
             lease_until: now,
-            hard_pinned: config.with_hard_pin,
         };
         let replicas = entry.descriptors();
         shard.insert(key.into(), entry);

@@ -10,9 +10,12 @@ use serde::{Deserialize, Serialize};
 /// Largest RPC frame accepted (requests with inline payloads included).
 pub const MAX_RPC_FRAME: usize = 1 << 31;
 
+/// Marks the item types without owning them (so the codec is `Send` and `Sync`).
+type Items<In, Out> = PhantomData<(fn() -> In, fn(Out))>;
+
 /// Encodes outgoing items and decodes incoming ones with postcard.
 #[derive(Debug)]
-pub struct PostcardCodec<In, Out>(PhantomData<(fn() -> In, fn(Out))>);
+pub struct PostcardCodec<In, Out>(Items<In, Out>);
 
 impl<In, Out> Default for PostcardCodec<In, Out> {
     fn default() -> Self {

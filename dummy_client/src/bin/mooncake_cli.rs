@@ -120,7 +120,10 @@ fn run(mut args: Vec<String>) -> Result<(), Failure> {
         "exists" => {
             let key = need_key()?;
             match client.is_exist(&key) {
-                Ok(true) => Ok(println!("true")),
+                Ok(true) => {
+                    println!("true");
+                    Ok(())
+                }
                 Ok(false) => Err(Failure::Failed(format!("{key} does not exist"))),
                 Err(c) => Err(code_failure(&format!("exists {key}"), c)),
             }

@@ -1,0 +1,211 @@
+//! Test harness: starts real `mooncake_client` processes on private sockets and kills
+//! them when the guard drops, even when a test fails.
+//!
+//! The binaries come from the same target directory as the test executable, so build
+//! them first (`cargo build --release` before `cargo test --release`, as `.ci/run` does).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use mooncake_core::protocol::address::SocketAddress;
+
+/// Path of a binary built in this workspace.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target directory");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} not found: build the workspace binaries first (cargo build --release)",
+        path.display()
+    );
+    path
+}
+
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+
+/// A port number (naming an abstract socket) unlikely to clash with other test processes.
+pub fn unique_port() -> u16 {
+    let base = 20_000 + (std::process::id() % 2_000) as u16 * 16;
+    base + NEXT_PORT.fetch_add(1, Ordering::Relaxed) % 16 + 1
+}
+
+/// A running `mooncake_client`, killed on drop.
+#[derive(Debug)]
+pub struct RealClientProcess {
+    child: Option<Child>,
+    /// Its `--port`.
+    pub port: u16,
+    args: Vec<String>,
+}
+
+/// True once something accepts connections on the socket.
+pub fn socket_accepts(address: &SocketAddress) -> bool {
+    let Ok(addr) = address.to_std() else {
+        return false;
+    };
+    std::os::unix::net::UnixStream::connect_addr(&addr).is_ok()
+}
+
+impl RealClientProcess {
+    /// Starts `mooncake_client --port=<unique> --global_segment_size=<segment>` plus
+    /// `extra` flags, and waits until it serves.
+    pub fn start(segment: &str, extra: &[&str]) -> Self {
+        let port = unique_port();
+        let mut args = vec![
+            format!("--port={port}"),
+            format!("--global_segment_size={segment}"),
+            "--log_level=warn".to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut process = RealClientProcess {
+            child: None,
+            port,
+            args,
+        };
+        process.spawn();
+        process
+    }
+
+    /// The address dummies use.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Process id of the running instance.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).expect("running")
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(binary("mooncake_client"))
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn mooncake_client");
+        self.child = Some(child);
+        let address = SocketAddress::for_port(self.port);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket_accepts(&address) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("mooncake_client exited during startup: {status}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "mooncake_client did not start serving"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// kill -9, and wait for the process to be gone.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the same command again (same port).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        child.wait().expect("wait")
+    }
+}
+
+impl Drop for RealClientProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A helper dummy process (`dummy_holder`) that attaches and waits; killed on drop.
+#[derive(Debug)]
+pub struct DummyProcess {
+    child: Child,
+}
+
+impl DummyProcess {
+    /// Starts a dummy with a pool of `pool_bytes` attached to `address`, and waits until
+    /// it reports being attached.
+    pub fn start(address: &str, pool_bytes: u64) -> Self {
+        let mut child = Command::new(binary("dummy_holder"))
+            .args([address, &pool_bytes.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn dummy_holder");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("read");
+        assert_eq!(line.trim(), "ready", "dummy_holder failed to attach");
+        DummyProcess { child }
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// kill -9 and reap.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for DummyProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Runs `mooncake_cli` with `args` against `address`.
+pub fn cli(address: &str, args: &[&str]) -> Output {
+    Command::new(binary("mooncake_cli"))
+        .arg("--client")
+        .arg(address)
+        .args(args)
+        .output()
+        .expect("run mooncake_cli")
+}
+
+/// Number of mappings of memfds named `name` in process `pid`.
+pub fn memfd_mappings(pid: u32, name: &str) -> usize {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let needle = format!("/memfd:{name}");
+    maps.lines().filter(|l| l.contains(&needle)).count()
+}
+
+/// Polls `condition` every 10 ms until it holds or `limit` passes; returns whether it held.
+pub fn eventually(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
