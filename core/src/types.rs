@@ -100,6 +100,15 @@ pub enum ReplicaLocation {
     },
 }
 
+impl ReplicaLocation {
+    /// Name of the segment holding the replica.
+    pub fn segment_name(&self) -> &str {
+        match self {
+            ReplicaLocation::Memory { segment_name, .. } => segment_name,
+        }
+    }
+}
+
 /// Whether a replica can be read yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ReplicaStatus {

@@ -89,17 +89,23 @@ pub struct Connected {
     pub rpc: RealClientRpcClient,
     /// Instance id of the real client.
     pub instance_id: u128,
-    /// A duplicate of the socket, used only to notice hang-ups (a peek that reads EOF).
-    watch: OwnedFd,
+    /// Name of the real client's segment (its `host:port`).
+    pub segment_name: String,
+    /// A duplicate of the socket, used only to notice hang-ups (a peek that reads EOF);
+    /// none for an in-process real client.
+    watch: Option<OwnedFd>,
 }
 
 impl Connected {
     /// True when the real client has closed the connection.
     pub fn peer_hung_up(&self) -> bool {
         use std::os::fd::AsRawFd;
+        let Some(watch) = &self.watch else {
+            return false;
+        };
         let mut byte = [0u8; 1];
         let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
-        match recv(self.watch.as_raw_fd(), &mut byte, flags) {
+        match recv(watch.as_raw_fd(), &mut byte, flags) {
             Ok(0) => true,
             Ok(_) | Err(Errno::EAGAIN | Errno::EINTR) => false,
             Err(_) => true,
@@ -175,7 +181,7 @@ impl<'a> Handshake<'a> {
         address: &'a SocketAddress,
         identity: &Identity,
         purpose: Purpose,
-    ) -> Result<(Self, u128), ConnectError> {
+    ) -> Result<(Self, u128, String), ConnectError> {
         let unreachable = |source| ConnectError::Unreachable {
             address: address.clone(),
             source,
@@ -197,9 +203,12 @@ impl<'a> Handshake<'a> {
             None,
         )?;
         match handshake.receive()? {
-            RealFrame::Welcome { version, instance_id, .. } if version == PROTOCOL_VERSION => {
-                Ok((handshake, instance_id))
-            }
+            RealFrame::Welcome {
+                version,
+                instance_id,
+                segment_name,
+                ..
+            } if version == PROTOCOL_VERSION => Ok((handshake, instance_id, segment_name)),
             RealFrame::Welcome { version, .. } => Err(handshake.protocol(format!(
                 "protocol version mismatch: real client speaks {version}, this dummy speaks {PROTOCOL_VERSION}"
             ))),
@@ -255,7 +264,8 @@ pub fn connect(
     identity: &Identity,
     offers: &[Offer],
 ) -> Result<Connected, ConnectError> {
-    let (handshake, instance_id) = Handshake::open(address, identity, Purpose::Session)?;
+    let (handshake, instance_id, segment_name) =
+        Handshake::open(address, identity, Purpose::Session)?;
     for offer in offers {
         handshake.register(offer)?;
     }
@@ -274,7 +284,8 @@ pub fn connect(
     Ok(Connected {
         rpc,
         instance_id,
-        watch,
+        segment_name,
+        watch: Some(watch),
     })
 }
 
@@ -284,6 +295,64 @@ pub fn attach(
     identity: &Identity,
     offer: &Offer,
 ) -> Result<(), ConnectError> {
-    let (handshake, _) = Handshake::open(address, identity, Purpose::Attach)?;
+    let (handshake, _, _) = Handshake::open(address, identity, Purpose::Attach)?;
     handshake.register(offer)
+}
+
+/// Where a dummy's real client is.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// Another process, behind a Unix socket.
+    Socket(SocketAddress),
+    /// This process (embedded mode).
+    #[cfg(feature = "embedded")]
+    InProcess(crate::embedded::Host),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Socket(address) => write!(f, "{address}"),
+            #[cfg(feature = "embedded")]
+            Target::InProcess(_) => write!(f, "the in-process real client"),
+        }
+    }
+}
+
+impl Target {
+    /// Opens a session with every offered segment registered. Must run inside the
+    /// dummy's runtime (the RPC dispatch is spawned on it).
+    pub fn connect(
+        &self,
+        identity: &Identity,
+        offers: &[Offer],
+    ) -> Result<Connected, ConnectError> {
+        match self {
+            Target::Socket(address) => connect(address, identity, offers),
+            #[cfg(feature = "embedded")]
+            Target::InProcess(host) => host.connect(identity, offers),
+        }
+    }
+
+    /// Registers one more segment with the open session.
+    pub fn attach(&self, identity: &Identity, offer: &Offer) -> Result<(), ConnectError> {
+        match self {
+            Target::Socket(address) => attach(address, identity, offer),
+            #[cfg(feature = "embedded")]
+            Target::InProcess(host) => host.attach(identity, offer),
+        }
+    }
+}
+
+#[cfg(feature = "embedded")]
+impl Connected {
+    /// A session with an in-process real client.
+    pub fn in_process(rpc: RealClientRpcClient, instance_id: u128, segment_name: String) -> Self {
+        Connected {
+            rpc,
+            instance_id,
+            segment_name,
+            watch: None,
+        }
+    }
 }

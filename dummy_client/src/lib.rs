@@ -7,14 +7,30 @@
 //! forms): the real client copies them directly between the segment and this process's
 //! shared memory.
 //!
+//! With the `embedded` feature, [`DummyClient::setup_embedded`] runs the real client in
+//! this process instead (the Python `setup()` mode); every call behaves the same.
+//!
 //! Return conventions follow upstream: every call returns a value or an
 //! [`ErrorCode`](mooncake_core::ErrorCode) whose number is upstream's; batch calls return
 //! one result per input.
 
+mod buffer;
 mod client;
 pub mod connection;
+#[cfg(feature = "embedded")]
+pub mod embedded;
 mod memory;
+mod pool;
+mod query;
+mod read;
+mod user_memory;
+mod write;
 
+pub use buffer::BufferHandle;
 pub use client::{CLIENT_ADDRESS_ENV, DummyClient, Health, SetupError};
 pub use mooncake_core::error::{CodeResult, ErrorCode, ToRet};
-pub use mooncake_core::types::ReplicateConfig;
+pub use mooncake_core::master::{TaskInfo, TaskKind, TaskStatus};
+pub use mooncake_core::types::{
+    ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SoftPinAction,
+};
+pub use read::Nested;

@@ -1,24 +1,63 @@
-//! The dummy's shared memory: the application pool (growing on demand) and the staging
-//! buffer that ordinary memory is copied through.
+//! The dummy's memory: the shared pool (growing on demand), the staging buffer that
+//! ordinary memory is copied through, and the buffers the application registered.
+//!
+//! Every `(ptr, len)` an application passes is classified here:
+//! * inside the dummy's shared memory: sent as is, zero-copy;
+//! * inside a buffer registered with `register_buffer` that is *not* shared memory
+//!   (heap, numpy, pinned host memory): copied through the staging buffer;
+//! * anything else: sent as is, and the real client rejects it with `INVALID_PARAMS`
+//!   (it only ever touches memory the dummy registered with it).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use mooncake_core::protocol::handshake::SegmentKind;
+use mooncake_core::protocol::rpc::MemRange;
 use mooncake_shm::shared_memory::PageSize;
 use mooncake_shm::{MemSlice, PoolAllocator, SharedMemory, ShmError};
 
 use crate::connection::Offer;
 
-/// Pool and staging allocators plus the segments behind them.
+/// How the dummy passes one application range to the real client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RangeKind {
+    /// Inside the dummy's shared memory: zero-copy.
+    Shared,
+    /// Inside a registered ordinary buffer: copied through staging.
+    CopyThrough,
+    /// Unknown memory: forwarded and rejected by the real client.
+    Foreign,
+}
+
+/// Pool and staging allocators, the segments behind them, and registered buffers.
 #[derive(Debug)]
 pub struct DummyMemory {
     /// Blocks handed out by `alloc_from_mem_pool`.
     pub pool: PoolAllocator,
-    /// Short-lived blocks for copying ordinary memory through.
-    pub staging: Option<(Arc<SharedMemory>, PoolAllocator)>,
-    /// Size of each additional pool segment.
-    pub growth_step: u64,
+    staging: Option<(Arc<SharedMemory>, PoolAllocator)>,
+    growth_step: u64,
     page: PageSize,
+    /// Buffers registered with `register_buffer`: start → (length, shared?).
+    registered: BTreeMap<u64, (u64, bool)>,
+}
+
+/// A block of the staging buffer: its dummy address and its memory.
+#[derive(Debug)]
+pub struct StagingBlock {
+    /// Address in this process (what the real client is told).
+    pub addr: u64,
+    /// The memory.
+    pub slice: MemSlice,
+}
+
+impl StagingBlock {
+    /// The block as a range for a request.
+    pub fn range(&self) -> MemRange {
+        MemRange {
+            addr: self.addr,
+            len: self.slice.len() as u64,
+        }
+    }
 }
 
 impl DummyMemory {
@@ -47,6 +86,7 @@ impl DummyMemory {
             staging,
             growth_step: pool_size.max(64 << 20),
             page,
+            registered: BTreeMap::new(),
         })
     }
 
@@ -92,13 +132,60 @@ impl DummyMemory {
     pub fn staging_capacity(&self) -> u64 {
         self.staging.as_ref().map_or(0, |(_, a)| a.capacity())
     }
-}
 
-/// A block of the staging buffer: its dummy address and its memory.
-#[derive(Debug)]
-pub struct StagingBlock {
-    /// Address in this process (what the real client is told).
-    pub addr: u64,
-    /// The memory.
-    pub slice: MemSlice,
+    fn in_shared_memory(&self, addr: u64, len: u64) -> bool {
+        self.pool.contains(addr, len)
+            || self
+                .staging
+                .as_ref()
+                .is_some_and(|(_, a)| a.contains(addr, len))
+    }
+
+    /// Registers `addr..addr+len` as an application buffer; returns whether it is
+    /// shared memory (zero-copy) or will be copied through.
+    pub fn register(&mut self, addr: u64, len: u64) -> bool {
+        let shared = self.in_shared_memory(addr, len);
+        self.registered.insert(addr, (len, shared));
+        shared
+    }
+
+    /// Forgets a registered buffer; false when `addr` was not registered.
+    pub fn unregister(&mut self, addr: u64) -> bool {
+        self.registered.remove(&addr).is_some()
+    }
+
+    /// How the range `addr..addr+len` is passed on.
+    pub fn classify(&self, addr: u64, len: u64) -> RangeKind {
+        if self.in_shared_memory(addr, len) {
+            return RangeKind::Shared;
+        }
+        let inside_registered =
+            self.registered
+                .range(..=addr)
+                .next_back()
+                .is_some_and(|(&start, &(size, shared))| {
+                    !shared
+                        && addr
+                            .checked_add(len)
+                            .is_some_and(|end| end <= start.saturating_add(size))
+                });
+        if inside_registered {
+            RangeKind::CopyThrough
+        } else {
+            RangeKind::Foreign
+        }
+    }
+
+    /// Usable bytes from `addr` on: the registered buffer's size when `addr` starts one,
+    /// else the pool block's requested size, else the rest of its shared segment.
+    pub fn capacity_at(&self, addr: u64) -> u64 {
+        if let Some((len, _)) = self.registered.get(&addr) {
+            return *len;
+        }
+        if let Some(len) = self.pool.block_len(addr) {
+            return len;
+        }
+        let staging = self.staging.as_ref().map_or(0, |(_, a)| a.room_after(addr));
+        self.pool.room_after(addr).max(staging)
+    }
 }

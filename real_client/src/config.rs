@@ -130,8 +130,8 @@ pub struct RealClientConfig {
     pub host: String,
     /// Instance port.
     pub port: u16,
-    /// Where dummies connect.
-    pub socket: SocketAddress,
+    /// Where dummies connect; `None` serves only in-process dummies (embedded mode).
+    pub socket: Option<SocketAddress>,
     /// Uids allowed besides our own.
     pub allowed_uids: Vec<u32>,
     /// Size of the global segment in bytes.
@@ -195,6 +195,7 @@ impl RealClientConfig {
                 .map_err(|e| invalid("socket_path", e.to_string()))?,
             None => SocketAddress::for_port(port),
         };
+        let socket = Some(socket);
         let global_segment_size = flags.size("global_segment_size")?.unwrap_or(0);
         if global_segment_size == 0 {
             return Err(invalid(
@@ -306,7 +307,7 @@ mod tests {
         assert_eq!(config.global_segment_size, 4 << 30);
         assert_eq!(
             config.socket,
-            SocketAddress::Abstract("@mooncake_client_50052.sock".into())
+            Some(SocketAddress::Abstract("@mooncake_client_50052.sock".into()))
         );
         assert_eq!(config.master.default_kv_lease_ttl, Duration::from_secs(10));
         assert_eq!(config.host, "0.0.0.0");
@@ -328,7 +329,10 @@ mod tests {
         }
         let config =
             config(&["--socket_path=/tmp/x.sock", "--allowed-uids", "1,2"]).expect("valid");
-        assert_eq!(config.socket, SocketAddress::Path("/tmp/x.sock".into()));
+        assert_eq!(
+            config.socket,
+            Some(SocketAddress::Path("/tmp/x.sock".into()))
+        );
         assert_eq!(config.allowed_uids, vec![1, 2]);
     }
 }

@@ -18,6 +18,7 @@
 
 pub mod config;
 pub mod handshake;
+pub mod in_process;
 pub mod rpc;
 pub mod server;
 pub mod session;
@@ -66,7 +67,8 @@ pub struct RealClient {
     config: RealClientConfig,
 }
 
-fn random_id() -> u128 {
+/// A random 128-bit id (instance ids, task ids).
+pub fn random_id() -> u128 {
     let mut bytes = [0u8; 16];
     if getrandom::fill(&mut bytes).is_err() {
         // No entropy source: fall back to time and pid, still unique per process start.
@@ -85,7 +87,7 @@ impl RealClient {
         let started = Instant::now();
         // Bind first: a second instance on the same socket must fail before it
         // allocates gigabytes of segment.
-        let listener = server::bind(&config.socket)?;
+        let listener = config.socket.as_ref().map(server::bind).transpose()?;
         let master = Arc::new(MasterService::new(config.master.clone(), Clock::System));
         let memory = SharedMemory::create(
             "mooncake_segment",
@@ -117,7 +119,7 @@ impl RealClient {
         Ok(RealClient {
             state,
             shutdown,
-            listener: Some(listener),
+            listener,
             config,
         })
     }
@@ -134,12 +136,10 @@ impl RealClient {
 
     /// Serves dummies until the shutdown handle fires, then unmounts and cleans up.
     pub async fn serve(mut self) {
-        let Some(listener) = self.listener.take() else {
-            return;
-        };
+        let listener = self.listener.take();
         let config = &self.config;
         tracing::info!(
-            socket = %config.socket,
+            socket = %config.socket.as_ref().map_or("none (in-process only)".to_string(), ToString::to_string),
             segment = %self.state.identity.segment_name,
             global_segment_size = %format_size(config.global_segment_size),
             master = "embedded",
@@ -153,12 +153,18 @@ impl RealClient {
             startup_ms = self.state.started.elapsed().as_millis(),
             "mooncake_client serving"
         );
-        server::serve(listener, Arc::clone(&self.state), self.shutdown.subscribe()).await;
+        let mut shutdown = self.shutdown.subscribe();
+        match listener {
+            Some(listener) => server::serve(listener, Arc::clone(&self.state), shutdown).await,
+            None => {
+                let _ = shutdown.wait_for(|stop| *stop).await;
+            }
+        }
         let store = &self.state.store;
         if let Err(code) = store.master().unmount_segment(store.segment().id) {
             tracing::warn!(%code, "unmount at shutdown failed");
         }
-        if let mooncake_core::protocol::address::SocketAddress::Path(path) = &config.socket {
+        if let Some(mooncake_core::protocol::address::SocketAddress::Path(path)) = &config.socket {
             let _ = std::fs::remove_file(path);
         }
         tracing::info!("mooncake_client stopped");

@@ -12,12 +12,14 @@ use tokio::sync::watch;
 
 use mooncake_core::protocol::address::SocketAddress;
 use mooncake_core::protocol::codec;
-use mooncake_core::protocol::rpc::{RealClientRpc, StatusReport};
+use mooncake_core::protocol::rpc::{
+    RealClientRpc, RealClientRpcRequest, RealClientRpcResponse, StatusReport,
+};
 use mooncake_shm::fd_passing::{PeerCredentials, peer_credentials};
 
 use crate::handshake::{self, Outcome, ServerIdentity};
 use crate::rpc::DummyHandler;
-use crate::session::Sessions;
+use crate::session::{Session, Sessions};
 use crate::store::Store;
 
 /// How long a dummy may take to finish its handshake.
@@ -179,6 +181,19 @@ async fn connection(stream: UnixStream, state: Arc<ServerState>) {
             return;
         }
     };
+    serve_session(state, session, codec::transport(stream)).await;
+}
+
+/// Serves one dummy session over `transport` until it closes, then releases everything
+/// the dummy registered.
+pub async fn serve_session<T>(state: Arc<ServerState>, session: Arc<Session>, transport: T)
+where
+    T: tarpc::Transport<
+            tarpc::Response<RealClientRpcResponse>,
+            tarpc::ClientMessage<RealClientRpcRequest>,
+        > + Send
+        + 'static,
+{
     state.sessions.insert(Arc::clone(&session));
     let info = session.info();
     tracing::info!(pid = info.pid, uid = info.uid, name = %info.name, segments = info.segments, mapped_bytes = info.mapped_bytes, "dummy attached");
@@ -186,7 +201,6 @@ async fn connection(stream: UnixStream, state: Arc<ServerState>) {
         state: Arc::clone(&state),
         session: Arc::clone(&session),
     };
-    let transport = codec::transport(stream);
     BaseChannel::with_defaults(transport)
         .execute(handler.serve())
         .for_each(|request| async {

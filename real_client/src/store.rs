@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master::MasterService;
+use mooncake_core::protocol::rpc::WriteMode;
 use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SegmentId};
 use mooncake_shm::{MemSlice, SharedMemory};
 
@@ -95,18 +96,24 @@ impl Store {
             .ok_or(ErrorCode::INVALID_REPLICA)
     }
 
-    /// Writes `payload` under `key`. An existing key is left unchanged and reported as
-    /// success (puts never overwrite).
+    /// Writes `payload` under `key`. With [`WriteMode::Put`] an existing key is left
+    /// unchanged and reported as success (puts never overwrite); with
+    /// [`WriteMode::Upsert`] it is replaced once the new bytes are complete.
     pub fn put(
         &self,
         key: &str,
         payload: &Payload<'_>,
         config: &ReplicateConfig,
+        mode: WriteMode,
     ) -> CodeResult<()> {
         let size = payload.total_len().ok_or(ErrorCode::INVALID_PARAMS)?;
-        let started = match self.master.put_start(key, size, config) {
+        let started = match mode {
+            WriteMode::Put => self.master.put_start(key, size, config),
+            WriteMode::Upsert => self.master.upsert_start(key, size, config),
+        };
+        let started = match started {
             Ok(started) => started,
-            Err(ErrorCode::OBJECT_ALREADY_EXISTS) => return Ok(()),
+            Err(ErrorCode::OBJECT_ALREADY_EXISTS) if mode == WriteMode::Put => return Ok(()),
             Err(code) => return Err(code),
         };
         let written = started.replicas.iter().try_for_each(|replica| {
@@ -126,12 +133,49 @@ impl Store {
     /// Copies the object into `dest`, which must be at least as large (else
     /// `BUFFER_OVERFLOW`). Returns the object size.
     pub fn get_into(&self, key: &str, dest: &MemSlice) -> CodeResult<u64> {
+        self.get_scatter(key, std::slice::from_ref(dest))
+    }
+
+    /// Copies the object into `dests` in order (each filled before the next); together
+    /// they must hold the whole object (else `BUFFER_OVERFLOW`). Returns the object size.
+    pub fn get_scatter(&self, key: &str, dests: &[MemSlice]) -> CodeResult<u64> {
         self.read(key, |source| {
             let size = source.len() as u64;
-            let target = dest.sub(0, size).ok_or(ErrorCode::BUFFER_OVERFLOW)?;
-            source.copy_to(&target);
+            let capacity = dests.iter().map(|d| d.len() as u64).sum::<u64>();
+            if capacity < size {
+                return Err(ErrorCode::BUFFER_OVERFLOW);
+            }
+            let mut offset = 0u64;
+            for dest in dests {
+                if offset == size {
+                    break;
+                }
+                let len = (dest.len() as u64).min(size - offset);
+                let part = source.sub(offset, len).ok_or(ErrorCode::INTERNAL_ERROR)?;
+                part.copy_to(dest);
+                offset += len;
+            }
             Ok(size)
         })
+    }
+
+    /// Copies fragments of one object under a single lease: each `(dest, src_offset)`
+    /// gets `dest.len()` bytes from `src_offset`, or `INVALID_PARAMS` when that runs past
+    /// the object. A missing object fails every fragment with the same code.
+    pub fn get_ranges(&self, key: &str, fragments: &[(MemSlice, u64)]) -> Vec<CodeResult<u64>> {
+        let copied = self.read(key, |source| {
+            Ok(fragments
+                .iter()
+                .map(|(dest, src_offset)| {
+                    let part = source
+                        .sub(*src_offset, dest.len() as u64)
+                        .ok_or(ErrorCode::INVALID_PARAMS)?;
+                    part.copy_to(dest);
+                    Ok(dest.len() as u64)
+                })
+                .collect::<Vec<_>>())
+        });
+        copied.unwrap_or_else(|code| fragments.iter().map(|_| Err(code)).collect())
     }
 
     /// Copies the whole object into a new vector.

@@ -14,10 +14,18 @@ struct PoolSegment {
     allocator: RangeAllocator,
 }
 
+/// A block handed out: which segment, the allocator's range, and the size asked for.
+#[derive(Debug, Clone, Copy)]
+struct LiveBlock {
+    segment: usize,
+    allocation: Allocation,
+    requested: u64,
+}
+
 /// Allocates blocks from a growing set of shared-memory segments.
 pub struct PoolAllocator {
     segments: Vec<PoolSegment>,
-    live: HashMap<u64, (usize, Allocation)>,
+    live: HashMap<u64, LiveBlock>,
 }
 
 impl std::fmt::Debug for PoolAllocator {
@@ -59,7 +67,12 @@ impl PoolAllocator {
             .find_map(|(index, segment)| {
                 let allocation = segment.allocator.allocate(len).ok()?;
                 let addr = segment.mem.base() + allocation.offset;
-                self.live.insert(addr, (index, allocation));
+                let block = LiveBlock {
+                    segment: index,
+                    allocation,
+                    requested: len,
+                };
+                self.live.insert(addr, block);
                 Some(addr)
             })
     }
@@ -67,9 +80,28 @@ impl PoolAllocator {
     /// Frees a block returned by [`allocate`](Self::allocate); false for unknown addresses.
     pub fn free(&mut self, addr: u64) -> bool {
         match self.live.remove(&addr) {
-            Some((index, allocation)) => self.segments[index].allocator.free(allocation),
+            Some(block) => self.segments[block.segment]
+                .allocator
+                .free(block.allocation),
             None => false,
         }
+    }
+
+    /// The size asked for when the block starting at `addr` was allocated.
+    pub fn block_len(&self, addr: u64) -> Option<u64> {
+        self.live.get(&addr).map(|b| b.requested)
+    }
+
+    /// Bytes from `addr` to the end of the segment containing it (0 when outside).
+    pub fn room_after(&self, addr: u64) -> u64 {
+        self.segments
+            .iter()
+            .find_map(|s| {
+                let base = s.mem.base();
+                let end = base + s.mem.len() as u64;
+                (addr >= base && addr < end).then_some(end - addr)
+            })
+            .unwrap_or(0)
     }
 
     /// True when `addr..addr+len` lies inside one of the pool's segments.

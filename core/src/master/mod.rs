@@ -16,8 +16,10 @@ mod config;
 mod objects;
 mod segments;
 mod service;
+mod tasks;
 
 pub use clock::Clock;
 pub use config::MasterConfig;
 pub use segments::{MountedSegment, SegmentUsage};
-pub use service::{MasterService, MasterStats, PutStarted};
+pub use service::{MAX_REGEX_LEN, MasterService, MasterStats, PutStarted};
+pub use tasks::{TaskInfo, TaskKind, TaskStatus};

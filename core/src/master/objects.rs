@@ -17,56 +17,18 @@ pub struct StoredReplica {
     pub allocation: Allocation,
 }
 
-/// Whether the object's writer has finished.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteState {
-    /// PutStart happened at this instant; PutEnd has not.
-    Processing {
-        /// When the write began.
-        started: Instant,
-    },
-    /// PutEnd happened: readable.
-    Complete,
-}
-
-/// Metadata of one object.
+/// A version of the object's bytes: its size and where its replicas are.
 #[derive(Debug)]
-pub struct ObjectEntry {
+pub struct Version {
     /// Size in bytes.
     pub size: u64,
     /// Where its replicas live.
     pub replicas: Vec<StoredReplica>,
-    /// Write progress.
-    pub state: WriteState,
-    /// Removal (unless forced) is refused until this instant; it doubles as the LRU stamp.
-    pub lease_until: Instant,
 }
 
-impl ObjectEntry {
-    /// True once PutEnd has made the object readable.
-    pub fn is_complete(&self) -> bool {
-        self.state == WriteState::Complete
-    }
-
-    /// Extends the read lease to at least `until`.
-    pub fn grant_lease(&mut self, until: Instant) {
-        if until > self.lease_until {
-            self.lease_until = until;
-        }
-    }
-
-    /// True while a read lease is active at `now`.
-    pub fn has_lease(&self, now: Instant) -> bool {
-        self.lease_until > now
-    }
-
+impl Version {
     /// The replicas as handed to clients.
-    pub fn descriptors(&self) -> Vec<ReplicaDescriptor> {
-        let status = if self.is_complete() {
-            ReplicaStatus::Complete
-        } else {
-            ReplicaStatus::Processing
-        };
+    pub fn descriptors(&self, status: ReplicaStatus) -> Vec<ReplicaDescriptor> {
         self.replicas
             .iter()
             .map(|r| ReplicaDescriptor {
@@ -79,5 +41,46 @@ impl ObjectEntry {
                 status,
             })
             .collect()
+    }
+}
+
+/// A write in progress: space allocated, bytes being copied.
+#[derive(Debug)]
+pub struct PendingWrite {
+    /// The new version being written.
+    pub version: Version,
+    /// When the write began (for zombie-write cleanup).
+    pub started: Instant,
+}
+
+/// Metadata of one object: the readable version (if any) and a write in progress (if
+/// any). An upsert writes its new version beside the readable one and swaps at the end,
+/// so readers never see a half-written value.
+#[derive(Debug)]
+pub struct ObjectEntry {
+    /// The version readers get.
+    pub readable: Option<Version>,
+    /// A write in progress.
+    pub pending: Option<PendingWrite>,
+    /// Removal (unless forced) is refused until this instant; it doubles as the LRU stamp.
+    pub lease_until: Instant,
+}
+
+impl ObjectEntry {
+    /// True once a version is readable.
+    pub fn is_readable(&self) -> bool {
+        self.readable.is_some()
+    }
+
+    /// Extends the read lease to at least `until`.
+    pub fn grant_lease(&mut self, until: Instant) {
+        if until > self.lease_until {
+            self.lease_until = until;
+        }
+    }
+
+    /// True while a read lease is active at `now`.
+    pub fn has_lease(&self, now: Instant) -> bool {
+        self.lease_until > now
     }
 }

@@ -100,6 +100,11 @@ impl SegmentTable {
             .ok_or(ErrorCode::SEGMENT_NOT_FOUND)
     }
 
+    /// True when a segment with this name is mounted.
+    pub fn has_name(&self, name: &str) -> bool {
+        self.segments.read().values().any(|s| s.name == name)
+    }
+
     /// The segment with this id, if mounted.
     pub fn get(&self, id: SegmentId) -> Option<Arc<MountedSegment>> {
         self.segments.read().get(&id).cloned()

@@ -10,12 +10,13 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CodeResult, ErrorCode};
-use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId, validate_key};
+use crate::types::{ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentId, validate_key};
 
 use super::clock::Clock;
 use super::config::MasterConfig;
-use super::objects::{ObjectEntry, StoredReplica, WriteState};
+use super::objects::{ObjectEntry, PendingWrite, StoredReplica, Version};
 use super::segments::{MountedSegment, SegmentTable, SegmentUsage};
+use super::tasks::{TaskInfo, TaskKind, TaskStatus, TaskTable};
 
 /// What a successful [`MasterService::put_start`] hands the writer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +53,7 @@ pub struct MasterService {
     segments: SegmentTable,
     deferred: Mutex<Vec<DeferredFree>>,
     has_deferred: AtomicBool,
+    tasks: TaskTable,
 }
 
 impl std::fmt::Debug for MasterService {
@@ -76,6 +78,7 @@ impl MasterService {
             segments: SegmentTable::default(),
             deferred: Mutex::new(Vec::new()),
             has_deferred: AtomicBool::new(false),
+            tasks: TaskTable::default(),
         }
     }
 
@@ -113,8 +116,28 @@ impl MasterService {
         let mut dropped = 0u64;
         for shard in self.shards.iter() {
             shard.lock().retain(|_, entry| {
-                entry.replicas.retain(|r| r.segment.id != id);
-                let keep = !entry.replicas.is_empty();
+                for version in entry
+                    .readable
+                    .iter_mut()
+                    .chain(entry.pending.iter_mut().map(|p| &mut p.version))
+                {
+                    version.replicas.retain(|r| r.segment.id != id);
+                }
+                if entry
+                    .readable
+                    .as_ref()
+                    .is_some_and(|v| v.replicas.is_empty())
+                {
+                    entry.readable = None;
+                }
+                if entry
+                    .pending
+                    .as_ref()
+                    .is_some_and(|p| p.version.replicas.is_empty())
+                {
+                    entry.pending = None;
+                }
+                let keep = entry.readable.is_some() || entry.pending.is_some();
                 dropped += u64::from(!keep);
                 keep
             });
@@ -131,6 +154,29 @@ impl MasterService {
         size: u64,
         config: &ReplicateConfig,
     ) -> CodeResult<PutStarted> {
+        self.write_start(key, size, config, false)
+    }
+
+    /// Starts an upsert: like [`put_start`](Self::put_start), but an existing object is
+    /// replaced when [`put_end`](Self::put_end) runs. Until then readers keep getting the
+    /// old version; the new bytes go to fresh space, so no reader sees a half-written
+    /// value. A write already in progress on the key is `OBJECT_REPLICA_BUSY`.
+    pub fn upsert_start(
+        &self,
+        key: &str,
+        size: u64,
+        config: &ReplicateConfig,
+    ) -> CodeResult<PutStarted> {
+        self.write_start(key, size, config, true)
+    }
+
+    fn write_start(
+        &self,
+        key: &str,
+        size: u64,
+        config: &ReplicateConfig,
+        overwrite: bool,
+    ) -> CodeResult<PutStarted> {
         self.check_key(key)?;
         config.validate()?;
         if size == 0 {
@@ -139,26 +185,35 @@ impl MasterService {
         let now = self.clock.now();
         self.release_deferred(now);
         let mut shard = self.shard(key).lock();
-        if let Some(existing) = shard.get(key) {
-            match existing.state {
-                WriteState::Processing { started }
-                    if now.duration_since(started) >= self.config.put_start_discard_timeout =>
-                {
-                    let stale = shard.remove(key).map(|e| e.replicas).unwrap_or_default();
-                    tracing::warn!(
-                        key,
-                        "discarding a write left unfinished past the discard timeout"
-                    );
-                    self.defer_free(stale, now + self.config.put_start_release_timeout);
+        if let Some(existing) = shard.get_mut(key) {
+            if existing.is_readable() && !overwrite {
+                return Err(ErrorCode::OBJECT_ALREADY_EXISTS);
+            }
+            if let Some(pending) = &existing.pending {
+                if now.duration_since(pending.started) < self.config.put_start_discard_timeout {
+                    return Err(if overwrite {
+                        ErrorCode::OBJECT_REPLICA_BUSY
+                    } else {
+                        ErrorCode::OBJECT_ALREADY_EXISTS
+                    });
                 }
-                _ => return Err(ErrorCode::OBJECT_ALREADY_EXISTS),
+                tracing::warn!(
+                    key,
+                    "discarding a write left unfinished past the discard timeout"
+                );
+                if let Some(stale) = existing.pending.take() {
+                    self.defer_free(
+                        stale.version.replicas,
+                        now + self.config.put_start_release_timeout,
+                    );
+                }
             }
         }
         let count = usize::try_from(config.replica_num).unwrap_or(usize::MAX);
         let allocated = self
             .segments
             .allocate_replicas(size, count, &config.preferred())?;
-        let entry = ObjectEntry {
+        let version = Version {
             size,
             replicas: allocated
                 .into_iter()
@@ -167,39 +222,48 @@ impl MasterService {
                     allocation,
                 })
                 .collect(),
-            state: WriteState::Processing { started: now },
-            lease_until: now,
         };
-        let replicas = entry.descriptors();
-        shard.insert(key.into(), entry);
+        let replicas = version.descriptors(ReplicaStatus::Processing);
+        let pending = PendingWrite {
+            version,
+            started: now,
+        };
+        shard
+            .entry(key.into())
+            .or_insert_with(|| ObjectEntry {
+                readable: None,
+                pending: None,
+                lease_until: now,
+            })
+            .pending = Some(pending);
         Ok(PutStarted { replicas })
     }
 
-    /// Completes a write: the object becomes readable.
+    /// Completes a write: the new version becomes readable (an upsert's old version is
+    /// released once its readers' leases end).
     pub fn put_end(&self, key: &str) -> CodeResult<()> {
+        let now = self.clock.now();
         let mut shard = self.shard(key).lock();
         let entry = shard.get_mut(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        if entry.is_complete() {
-            return Err(ErrorCode::INVALID_WRITE);
+        let pending = entry.pending.take().ok_or(ErrorCode::INVALID_WRITE)?;
+        if let Some(old) = entry.readable.replace(pending.version) {
+            let release_at = entry.lease_until.max(now);
+            self.defer_or_free(old.replicas, release_at, now);
         }
-        entry.state = WriteState::Complete;
-        entry.lease_until = self.clock.now();
+        entry.lease_until = entry.lease_until.max(now);
         Ok(())
     }
 
-    /// Abandons a write in progress and frees its space.
+    /// Abandons a write in progress and frees its space; an upsert's old version stays.
     pub fn put_revoke(&self, key: &str) -> CodeResult<()> {
         let mut shard = self.shard(key).lock();
-        match shard.get(key) {
-            None => Err(ErrorCode::OBJECT_NOT_FOUND),
-            Some(entry) if entry.is_complete() => Err(ErrorCode::INVALID_WRITE),
-            Some(_) => {
-                if let Some(entry) = shard.remove(key) {
-                    free_now(entry.replicas);
-                }
-                Ok(())
-            }
+        let entry = shard.get_mut(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let pending = entry.pending.take().ok_or(ErrorCode::INVALID_WRITE)?;
+        free_now(pending.version.replicas);
+        if !entry.is_readable() {
+            shard.remove(key);
         }
+        Ok(())
     }
 
     /// Where a readable object's replicas are; grants a read lease. Returns the replicas
@@ -209,11 +273,26 @@ impl MasterService {
         let ttl = self.config.default_kv_lease_ttl;
         let mut shard = self.shard(key).lock();
         let entry = shard.get_mut(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        if !entry.is_complete() {
-            return Err(ErrorCode::REPLICA_IS_NOT_READY);
-        }
+        let descriptors = entry
+            .readable
+            .as_ref()
+            .map(|v| v.descriptors(ReplicaStatus::Complete))
+            .ok_or(ErrorCode::REPLICA_IS_NOT_READY)?;
         entry.grant_lease(self.clock.now() + ttl);
-        Ok((entry.descriptors(), ttl))
+        Ok((descriptors, ttl))
+    }
+
+    /// Where a readable object's replicas are, without granting a lease (for
+    /// inspection, not for reading the bytes).
+    pub fn replica_descriptors(&self, key: &str) -> CodeResult<Vec<ReplicaDescriptor>> {
+        self.check_key(key)?;
+        let shard = self.shard(key).lock();
+        let entry = shard.get(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        entry
+            .readable
+            .as_ref()
+            .map(|v| v.descriptors(ReplicaStatus::Complete))
+            .ok_or(ErrorCode::REPLICA_IS_NOT_READY)
     }
 
     /// Whether a readable object exists; grants a read lease when it does (as upstream).
@@ -221,7 +300,7 @@ impl MasterService {
         self.check_key(key)?;
         let mut shard = self.shard(key).lock();
         match shard.get_mut(key) {
-            Some(entry) if entry.is_complete() => {
+            Some(entry) if entry.is_readable() => {
                 entry.grant_lease(self.clock.now() + self.config.default_kv_lease_ttl);
                 Ok(true)
             }
@@ -234,7 +313,10 @@ impl MasterService {
         self.check_key(key)?;
         let shard = self.shard(key).lock();
         match shard.get(key) {
-            Some(entry) if entry.is_complete() => Ok(entry.size),
+            Some(ObjectEntry {
+                readable: Some(version),
+                ..
+            }) => Ok(version.size),
             Some(_) => Err(ErrorCode::REPLICA_IS_NOT_READY),
             None => Err(ErrorCode::OBJECT_NOT_FOUND),
         }
@@ -261,13 +343,26 @@ impl MasterService {
 
     /// Removes every readable object (leased ones only with `force`); returns how many.
     pub fn remove_all(&self, force: bool) -> u64 {
+        self.remove_matching(|_| true, force)
+    }
+
+    /// Removes every readable object whose key matches `pattern` (leased ones only with
+    /// `force`); returns how many. The regex engine runs in linear time, and patterns
+    /// longer than [`MAX_REGEX_LEN`] bytes or compiling to more than 1 MiB are
+    /// `INVALID_PARAMS`, so a pattern cannot make the master spin.
+    pub fn remove_by_regex(&self, pattern: &str, force: bool) -> CodeResult<u64> {
+        let regex = compile_regex(pattern)?;
+        Ok(self.remove_matching(|key| regex.is_match(key), force))
+    }
+
+    fn remove_matching(&self, matches: impl Fn(&str) -> bool, force: bool) -> u64 {
         let now = self.clock.now();
         let mut removed = 0u64;
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
             let keys: Vec<Box<str>> = shard
                 .iter()
-                .filter(|(_, e)| Self::check_removable(e, now, force).is_ok())
+                .filter(|(k, e)| matches(k) && Self::check_removable(e, now, force).is_ok())
                 .map(|(k, _)| k.clone())
                 .collect();
             for key in keys {
@@ -280,6 +375,73 @@ impl MasterService {
         removed
     }
 
+    /// Creates a task placing replicas of `key` on each of `targets` (segment names).
+    /// Every target must be mounted (`SEGMENT_NOT_FOUND`) and the object readable.
+    pub fn create_copy_task(&self, key: &str, targets: &[String], id: u128) -> CodeResult<u128> {
+        if targets.is_empty() {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        self.create_task(key, TaskKind::Copy, targets, id)
+    }
+
+    /// Creates a task moving `key`'s replica from segment `source` to `target`.
+    pub fn create_move_task(
+        &self,
+        key: &str,
+        source: &str,
+        target: &str,
+        id: u128,
+    ) -> CodeResult<u128> {
+        let descriptors = self.replica_descriptors(key)?;
+        if !descriptors
+            .iter()
+            .any(|d| d.location.segment_name() == source)
+        {
+            return Err(ErrorCode::REPLICA_NOT_FOUND);
+        }
+        self.create_task(key, TaskKind::Move, &[target.to_string()], id)
+    }
+
+    fn create_task(
+        &self,
+        key: &str,
+        kind: TaskKind,
+        targets: &[String],
+        id: u128,
+    ) -> CodeResult<u128> {
+        let holders: Vec<String> = self
+            .replica_descriptors(key)?
+            .iter()
+            .map(|d| d.location.segment_name().to_string())
+            .collect();
+        for target in targets {
+            if !self.segments.has_name(target) {
+                return Err(ErrorCode::SEGMENT_NOT_FOUND);
+            }
+        }
+        // Only targets without a replica need work; moving between the segments of
+        // different nodes needs the transfer engine of a cluster deployment.
+        let needs_transfer = targets.iter().any(|t| !holders.contains(t));
+        let status = if needs_transfer {
+            TaskStatus::Failed(ErrorCode::NOT_SUPPORTED.as_i32())
+        } else {
+            TaskStatus::Success
+        };
+        self.tasks.insert(TaskInfo {
+            id,
+            kind,
+            key: key.to_string(),
+            targets: targets.to_vec(),
+            status,
+        });
+        Ok(id)
+    }
+
+    /// The state of a task.
+    pub fn query_task(&self, id: u128) -> CodeResult<TaskInfo> {
+        self.tasks.get(id).ok_or(ErrorCode::TASK_NOT_FOUND)
+    }
+
     /// Object counts and segment usage.
     pub fn stats(&self) -> MasterStats {
         let mut stats = MasterStats {
@@ -288,18 +450,15 @@ impl MasterService {
         };
         for shard in self.shards.iter() {
             for entry in shard.lock().values() {
-                if entry.is_complete() {
-                    stats.objects += 1;
-                } else {
-                    stats.writes_in_progress += 1;
-                }
+                stats.objects += u64::from(entry.is_readable());
+                stats.writes_in_progress += u64::from(entry.pending.is_some());
             }
         }
         stats
     }
 
     fn check_removable(entry: &ObjectEntry, now: Instant, force: bool) -> CodeResult<()> {
-        if !entry.is_complete() {
+        if !entry.is_readable() || entry.pending.is_some() {
             Err(ErrorCode::REPLICA_IS_NOT_READY)
         } else if !force && entry.has_lease(now) {
             Err(ErrorCode::OBJECT_HAS_LEASE)
@@ -310,10 +469,16 @@ impl MasterService {
 
     /// Frees a removed object's space, after its lease if one is still running.
     fn release_entry(&self, entry: ObjectEntry, now: Instant) {
-        if entry.has_lease(now) {
-            self.defer_free(entry.replicas, entry.lease_until);
+        if let Some(version) = entry.readable {
+            self.defer_or_free(version.replicas, entry.lease_until, now);
+        }
+    }
+
+    fn defer_or_free(&self, replicas: Vec<StoredReplica>, release_at: Instant, now: Instant) {
+        if release_at > now {
+            self.defer_free(replicas, release_at);
         } else {
-            free_now(entry.replicas);
+            free_now(replicas);
         }
     }
 
@@ -346,6 +511,20 @@ impl MasterService {
     pub fn segment(&self, id: SegmentId) -> Option<Arc<MountedSegment>> {
         self.segments.get(id)
     }
+}
+
+/// Longest regular expression accepted by [`MasterService::remove_by_regex`].
+pub const MAX_REGEX_LEN: usize = 4096;
+
+fn compile_regex(pattern: &str) -> CodeResult<regex::Regex> {
+    if pattern.len() > MAX_REGEX_LEN {
+        return Err(ErrorCode::INVALID_PARAMS);
+    }
+    regex::RegexBuilder::new(pattern)
+        .size_limit(1 << 20)
+        .dfa_size_limit(1 << 20)
+        .build()
+        .map_err(|_| ErrorCode::INVALID_PARAMS)
 }
 
 fn free_now(replicas: Vec<StoredReplica>) {

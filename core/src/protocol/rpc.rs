@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
 use crate::error::CodeResult;
-use crate::master::MasterStats;
-use crate::types::ReplicateConfig;
+use crate::master::{MasterStats, TaskInfo};
+use crate::types::{ReplicaDescriptor, ReplicateConfig};
 
 /// Deadline for calls that only touch metadata.
 pub const CONTROL_DEADLINE: Duration = Duration::from_secs(30);
@@ -45,13 +45,40 @@ pub struct PutItem {
     pub source: PutSource,
 }
 
+/// Whether a write may replace an existing object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WriteMode {
+    /// Insert only: an existing key is kept (and the put reports success).
+    Put,
+    /// Insert or replace.
+    Upsert,
+}
+
 /// One object to read into the dummy's shared memory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GetItem {
     /// Object key.
     pub key: String,
-    /// Destination range; must be at least the object's size.
+    /// Destination ranges, filled in order; together at least the object's size.
+    pub dests: Vec<MemRange>,
+}
+
+/// One fragment of a ranged read: `dest.len` bytes from `src_offset` of the object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fragment {
+    /// Where the bytes go.
     pub dest: MemRange,
+    /// Offset inside the object.
+    pub src_offset: u64,
+}
+
+/// Ranged reads of one object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangeRead {
+    /// Object key.
+    pub key: String,
+    /// The fragments to copy.
+    pub fragments: Vec<Fragment>,
 }
 
 /// Answer to [`RealClientRpc::ping`].
@@ -61,6 +88,8 @@ pub struct PingReply {
     pub instance_id: u128,
     /// Whether the real client can reach its master.
     pub master_ok: bool,
+    /// Name of the real client's segment (its `host:port`).
+    pub segment_name: String,
 }
 
 /// A dummy attached to the real client, for status reports.
@@ -108,11 +137,28 @@ pub trait RealClientRpc {
     async fn exist(keys: Vec<String>) -> Vec<CodeResult<bool>>;
     /// Size of an object.
     async fn object_size(key: String) -> CodeResult<u64>;
-    /// Writes objects; an existing key is left unchanged and reported as success.
-    async fn put(items: Vec<PutItem>, config: ReplicateConfig) -> Vec<CodeResult<()>>;
+    /// Writes objects. With [`WriteMode::Put`] an existing key is left unchanged and
+    /// reported as success; with [`WriteMode::Upsert`] it is replaced.
+    async fn put(
+        items: Vec<PutItem>,
+        config: ReplicateConfig,
+        mode: WriteMode,
+    ) -> Vec<CodeResult<()>>;
     /// Reads objects into shared memory; each result is the object size.
-    /// A destination smaller than the object is `BUFFER_OVERFLOW`.
+    /// Destinations smaller than the object are `BUFFER_OVERFLOW`.
     async fn get(items: Vec<GetItem>) -> Vec<CodeResult<u64>>;
+    /// Copies fragments of objects; one result (bytes copied or error) per fragment.
+    async fn get_ranges(reads: Vec<RangeRead>) -> Vec<Vec<CodeResult<u64>>>;
+    /// Replica descriptors of objects (no lease is granted).
+    async fn replica_desc(keys: Vec<String>) -> Vec<CodeResult<Vec<ReplicaDescriptor>>>;
+    /// Removes every object whose key matches a regular expression; returns how many.
+    async fn remove_by_regex(pattern: String, force: bool) -> CodeResult<u64>;
+    /// Starts copying an object to other segments; returns the task id.
+    async fn create_copy_task(key: String, targets: Vec<String>) -> CodeResult<u128>;
+    /// Starts moving an object between segments; returns the task id.
+    async fn create_move_task(key: String, source: String, target: String) -> CodeResult<u128>;
+    /// The state of a task.
+    async fn query_task(id: u128) -> CodeResult<TaskInfo>;
     /// Reads a whole object into the reply (fallback for values larger than staging).
     async fn get_inline(key: String) -> CodeResult<ByteBuf>;
     /// Removes objects (`OBJECT_HAS_LEASE` under a lease unless `force`).

@@ -1,4 +1,5 @@
 use super::*;
+use crate::master::{MAX_REGEX_LEN, TaskStatus};
 
 fn master(capacity: u64) -> (MasterService, Clock) {
     let clock = Clock::manual();
@@ -173,4 +174,109 @@ fn invalid_input() {
         master.mount_segment("node-a:50052", 10),
         Err(ErrorCode::SEGMENT_ALREADY_EXISTS)
     );
+}
+
+#[test]
+fn upsert_replaces_only_at_the_end() {
+    let (master, clock) = master(1 << 20);
+    master
+        .upsert_start("k", 100, &ReplicateConfig::default())
+        .expect("insert");
+    master.put_end("k").expect("end");
+    let (before, _) = master.get_replica_list("k").expect("readable");
+    master
+        .upsert_start("k", 300, &ReplicateConfig::default())
+        .expect("upsert");
+    assert_eq!(
+        master
+            .upsert_start("k", 300, &ReplicateConfig::default())
+            .map(|_| ()),
+        Err(ErrorCode::OBJECT_REPLICA_BUSY)
+    );
+    assert_eq!(
+        master.object_size("k"),
+        Ok(100),
+        "old version readable during the write"
+    );
+    assert_eq!(
+        master.remove("k", true),
+        Err(ErrorCode::REPLICA_IS_NOT_READY)
+    );
+    master.put_end("k").expect("end");
+    let (after, _) = master.get_replica_list("k").expect("readable");
+    assert_eq!(after[0].size, 300);
+    assert_ne!(
+        before[0].location, after[0].location,
+        "new bytes went to fresh space"
+    );
+    assert_eq!(
+        master.stats().segments[0].used,
+        128 + 320,
+        "old space held for its reader"
+    );
+    clock.advance(Duration::from_secs(11));
+    put(&master, "x", 64).expect("put");
+    assert_eq!(master.stats().segments[0].used, 320 + 64);
+}
+
+#[test]
+fn upsert_revoke_keeps_the_old_version() {
+    let (master, _) = master(1 << 20);
+    put(&master, "k", 100).expect("put");
+    master
+        .upsert_start("k", 50, &ReplicateConfig::default())
+        .expect("upsert");
+    master.put_revoke("k").expect("revoke");
+    assert_eq!(master.object_size("k"), Ok(100));
+    assert_eq!(master.stats().writes_in_progress, 0);
+}
+
+#[test]
+fn remove_by_regex_is_bounded_and_selective() {
+    let (master, _) = master(1 << 20);
+    for key in ["layer1/a", "layer1/b", "layer2/a"] {
+        put(&master, key, 10).expect("put");
+    }
+    assert_eq!(master.remove_by_regex("^layer1/", false), Ok(2));
+    assert_eq!(master.exist("layer2/a"), Ok(true));
+    assert_eq!(
+        master.remove_by_regex("(", false),
+        Err(ErrorCode::INVALID_PARAMS)
+    );
+    let huge = "a".repeat(MAX_REGEX_LEN + 1);
+    assert_eq!(
+        master.remove_by_regex(&huge, false),
+        Err(ErrorCode::INVALID_PARAMS)
+    );
+    assert_eq!(
+        master.remove_by_regex("(a+)+$", true),
+        Ok(1),
+        "no catastrophic backtracking"
+    );
+}
+
+#[test]
+fn tasks_are_validated_at_creation() {
+    let (master, _) = master(1 << 20);
+    put(&master, "k", 10).expect("put");
+    let own = vec!["node-a:50052".to_string()];
+    assert_eq!(master.create_copy_task("k", &own, 7), Ok(7));
+    assert_eq!(
+        master.query_task(7).map(|t| t.status),
+        Ok(TaskStatus::Success)
+    );
+    let missing = vec!["node-z:1".to_string()];
+    assert_eq!(
+        master.create_copy_task("k", &missing, 8),
+        Err(ErrorCode::SEGMENT_NOT_FOUND)
+    );
+    assert_eq!(
+        master.create_copy_task("nope", &own, 9),
+        Err(ErrorCode::OBJECT_NOT_FOUND)
+    );
+    assert_eq!(
+        master.create_move_task("k", "node-z:1", "node-a:50052", 10),
+        Err(ErrorCode::REPLICA_NOT_FOUND)
+    );
+    assert_eq!(master.query_task(8), Err(ErrorCode::TASK_NOT_FOUND));
 }

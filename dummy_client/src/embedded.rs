@@ -1,0 +1,115 @@
+//! Embedded mode: the real client runs inside this process (Python `setup()`).
+//!
+//! A [`Host`] owns an in-process real client, served by its own multi-threaded runtime
+//! on a background thread; the dummy client talks to it through an in-memory channel,
+//! so every call takes the same code path as with a separate `mooncake_client`.
+
+use std::sync::Arc;
+
+use mooncake_core::protocol::rpc::RealClientRpcClient;
+use mooncake_real_client::server::ServerState;
+use mooncake_real_client::{RealClient, RealClientConfig, in_process};
+
+use crate::client::{DummyClient, SetupError};
+use crate::connection::{ConnectError, Connected, Identity, Offer, Target};
+
+/// Handle to the in-process real client.
+#[derive(Clone, Debug)]
+pub struct Host {
+    state: Arc<ServerState>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Host {
+    fn refused(reason: String) -> ConnectError {
+        ConnectError::Refused {
+            address: mooncake_core::protocol::address::SocketAddress::Abstract("in-process".into()),
+            reason,
+        }
+    }
+
+    /// Opens an in-process session with `offers` registered.
+    pub fn connect(
+        &self,
+        identity: &Identity,
+        offers: &[Offer],
+    ) -> Result<Connected, ConnectError> {
+        let memory: Vec<_> = offers.iter().map(|o| Arc::clone(&o.memory)).collect();
+        let transport = in_process::attach(
+            &self.state,
+            &self.runtime,
+            identity.client_id,
+            identity.name.clone(),
+            &memory,
+        )
+        .map_err(|e| Self::refused(e.to_string()))?;
+        let rpc = RealClientRpcClient::new(tarpc::client::Config::default(), transport).spawn();
+        let identity_of = &self.state.identity;
+        Ok(Connected::in_process(
+            rpc,
+            identity_of.instance_id,
+            identity_of.segment_name.clone(),
+        ))
+    }
+
+    /// Adds a segment to the in-process session.
+    pub fn attach(&self, identity: &Identity, offer: &Offer) -> Result<(), ConnectError> {
+        in_process::register(&self.state, identity.client_id, Arc::clone(&offer.memory))
+            .map_err(Self::refused)
+    }
+}
+
+/// Keeps the in-process real client running; stops it when dropped.
+struct Running {
+    stop: tokio::sync::watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl DummyClient {
+    /// Starts a real client in this process with `config` (its segment is this
+    /// process's memory) and returns a client attached to it, with a shared pool of
+    /// `mem_pool_size` bytes and a staging buffer of `local_buffer_size` bytes.
+    pub fn setup_embedded(
+        config: RealClientConfig,
+        mem_pool_size: u64,
+        local_buffer_size: u64,
+    ) -> Result<Self, SetupError> {
+        let threads = config.threads;
+        let client = RealClient::start(config).map_err(|e| SetupError::Embedded(e.to_string()))?;
+        let state = Arc::clone(client.state());
+        let stop = client.shutdown_handle();
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder
+            .worker_threads(if threads > 0 { threads } else { 2 })
+            .thread_name("mooncake-embedded");
+        let runtime = builder.enable_all().build().map_err(SetupError::Runtime)?;
+        let handle = runtime.handle().clone();
+        let thread = std::thread::Builder::new()
+            .name("mooncake-embedded".into())
+            .spawn(move || runtime.block_on(client.serve()))
+            .map_err(SetupError::Runtime)?;
+        let running = Running {
+            stop,
+            thread: Some(thread),
+        };
+        let host = Host {
+            state,
+            runtime: handle,
+        };
+        DummyClient::setup_with(
+            Target::InProcess(host),
+            mem_pool_size,
+            local_buffer_size,
+            Some(Box::new(running)),
+        )
+    }
+}

@@ -1,0 +1,91 @@
+//! Memory calls: the shared pool and buffer registration.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::protocol::handshake::SegmentKind;
+
+use crate::client::DummyClient;
+use crate::connection::{Link, Offer};
+
+/// Whether the "not zero-copy" notice for ordinary buffers was logged already.
+static COPY_THROUGH_NOTICE: AtomicBool = AtomicBool::new(false);
+
+impl DummyClient {
+    /// Allocates `size` bytes of shared memory for zero-copy puts and gets; returns its
+    /// address, or 0 when the pool cannot grow. No RPC unless the pool must grow.
+    pub fn alloc_from_mem_pool(&self, size: u64) -> u64 {
+        if size == 0 || self.is_closed() {
+            return 0;
+        }
+        if let Some(addr) = self.inner.memory.lock().pool.allocate(size) {
+            return addr;
+        }
+        // Growing: lock order is link, then memory (as in `rpc`), so that a reconnect
+        // never registers a pool without the segment being added.
+        let link = self.inner.link.lock();
+        let mut memory = self.inner.memory.lock();
+        if let Some(addr) = memory.pool.allocate(size) {
+            return addr;
+        }
+        let segment = match memory.new_pool_segment(size) {
+            Ok(segment) => segment,
+            Err(error) => {
+                tracing::warn!(%error, size, "cannot grow the shared memory pool");
+                return 0;
+            }
+        };
+        let offer = Offer {
+            memory: Arc::clone(&segment),
+            kind: SegmentKind::Pool,
+        };
+        if matches!(*link, Link::Up(_))
+            && let Err(error) = self.inner.target.attach(&self.inner.identity, &offer)
+        {
+            tracing::warn!(%error, size, "the real client refused the new pool segment");
+            return 0;
+        }
+        memory.pool.add_segment(segment);
+        memory.pool.allocate(size).unwrap_or(0)
+    }
+
+    /// Returns a block from [`alloc_from_mem_pool`](Self::alloc_from_mem_pool);
+    /// `INVALID_PARAMS` for an address that is not a live block.
+    pub fn free_to_mem_pool(&self, ptr: u64) -> CodeResult<()> {
+        if self.inner.memory.lock().pool.free(ptr) {
+            Ok(())
+        } else {
+            Err(ErrorCode::INVALID_PARAMS)
+        }
+    }
+
+    /// Registers `ptr..ptr+size` for the zero-copy calls. Any range inside the dummy's
+    /// shared memory is zero-copy; ordinary memory (heap, numpy arrays, pinned host
+    /// memory) is accepted too and copied through the staging buffer. The memory must
+    /// stay valid until [`unregister_buffer`](Self::unregister_buffer).
+    pub fn register_buffer(&self, ptr: u64, size: u64) -> CodeResult<()> {
+        if ptr == 0 || size == 0 || ptr.checked_add(size).is_none() {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        let shared = self.inner.memory.lock().register(ptr, size);
+        if !shared && !COPY_THROUGH_NOTICE.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                ptr = %format!("{ptr:#x}"),
+                size,
+                "registered memory outside the shared pool: it works, but every transfer is copied through the staging buffer (not zero-copy); allocate with alloc_from_mem_pool for zero-copy"
+            );
+        }
+        Ok(())
+    }
+
+    /// Forgets a buffer registered with [`register_buffer`](Self::register_buffer);
+    /// `INVALID_PARAMS` when `ptr` does not start one.
+    pub fn unregister_buffer(&self, ptr: u64) -> CodeResult<()> {
+        if self.inner.memory.lock().unregister(ptr) {
+            Ok(())
+        } else {
+            Err(ErrorCode::INVALID_PARAMS)
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! The read calls: whole objects into bytes or buffers, scattered into several
+//! buffers, ranges of objects, and pool-backed buffer handles.
+//!
+//! Destinations in shared memory are written by the real client directly (zero-copy).
+//! Registered ordinary buffers get the bytes through the staging buffer.
+
+use serde_bytes::ByteBuf;
+
+use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::protocol::rpc::{DATA_DEADLINE, Fragment, GetItem, MemRange, RangeRead};
+
+use crate::buffer::BufferHandle;
+use crate::client::{DummyClient, all_failed};
+use crate::memory::{RangeKind, StagingBlock};
+use crate::user_memory;
+
+/// First guess of an object's size when `get` copies it through staging.
+const GET_GUESS: u64 = 1 << 20;
+
+/// A destination that is application memory reached through a staging block.
+struct Bounce {
+    block: StagingBlock,
+    user_addr: u64,
+}
+
+impl Bounce {
+    /// Copies the first `written` bytes of the block to the application's buffer.
+    fn deliver(&self, written: u64) {
+        if let (Some(part), Ok(len)) = (self.block.slice.sub(0, written), usize::try_from(written))
+        {
+            user_memory::copy_out(&part, self.user_addr, len);
+        }
+    }
+}
+
+/// Public convention: a destination too small for the object is `INVALID_PARAMS`.
+fn too_small_is_invalid(result: CodeResult<u64>) -> CodeResult<u64> {
+    result.map_err(|c| {
+        if c == ErrorCode::BUFFER_OVERFLOW {
+            ErrorCode::INVALID_PARAMS
+        } else {
+            c
+        }
+    })
+}
+
+/// Input shape of [`DummyClient::get_into_ranges`]: per buffer, per key, per fragment.
+pub type Nested<T> = Vec<Vec<Vec<T>>>;
+
+impl DummyClient {
+    /// The range to send for application memory `addr..addr+len`, staging it when it is
+    /// a registered ordinary buffer.
+    fn destination(
+        &self,
+        addr: u64,
+        len: u64,
+        bounces: &mut Vec<Option<Bounce>>,
+    ) -> CodeResult<MemRange> {
+        let kind = self.inner.memory.lock().classify(addr, len);
+        if kind != RangeKind::CopyThrough {
+            bounces.push(None);
+            return Ok(MemRange { addr, len });
+        }
+        let block = self.stage(len).ok_or(ErrorCode::NO_AVAILABLE_HANDLE)?;
+        let range = block.range();
+        bounces.push(Some(Bounce {
+            block,
+            user_addr: addr,
+        }));
+        Ok(range)
+    }
+
+    fn release_bounces(&self, bounces: Vec<Option<Bounce>>) {
+        let blocks: Vec<StagingBlock> = bounces.into_iter().flatten().map(|b| b.block).collect();
+        self.unstage(&blocks);
+    }
+
+    /// Reads each object into its destinations (filled in order); one size or error per
+    /// item.
+    fn read_scatter(&self, items: Vec<(String, Vec<(u64, u64)>)>) -> Vec<CodeResult<u64>> {
+        let mut results: Vec<CodeResult<u64>> = Vec::with_capacity(items.len());
+        let mut requests = Vec::with_capacity(items.len());
+        let mut planned = Vec::with_capacity(items.len());
+        for (index, (key, dests)) in items.into_iter().enumerate() {
+            let mut bounces = Vec::with_capacity(dests.len());
+            let ranges: CodeResult<Vec<MemRange>> = dests
+                .iter()
+                .map(|&(addr, len)| self.destination(addr, len, &mut bounces))
+                .collect();
+            match ranges {
+                Ok(ranges) => {
+                    let lens: Vec<u64> = ranges.iter().map(|r| r.len).collect();
+                    requests.push(GetItem { key, dests: ranges });
+                    planned.push((index, lens, bounces));
+                    results.push(Ok(0));
+                }
+                Err(code) => {
+                    self.release_bounces(bounces);
+                    results.push(Err(code));
+                }
+            }
+        }
+        if requests.is_empty() {
+            return results;
+        }
+        let count = requests.len();
+        let answers = self.call_batch(count, DATA_DEADLINE, |rpc, ctx| async move {
+            rpc.get(ctx, requests).await
+        });
+        for ((index, lens, bounces), answer) in planned.into_iter().zip(answers) {
+            if let Ok(size) = answer {
+                let mut remaining = size;
+                for (len, bounce) in lens.iter().zip(&bounces) {
+                    let written = remaining.min(*len);
+                    if let Some(bounce) = bounce {
+                        bounce.deliver(written);
+                    }
+                    remaining -= written;
+                }
+            }
+            self.release_bounces(bounces);
+            results[index] = answer;
+        }
+        results
+    }
+
+    /// Reads `key` into `ptr..ptr+size`; returns the object size. A buffer smaller than
+    /// the object is `INVALID_PARAMS`; a pointer outside shared memory and registered
+    /// buffers is `INVALID_PARAMS`.
+    pub fn get_into(&self, key: &str, ptr: u64, size: u64) -> CodeResult<u64> {
+        self.batch_get_into(&[key], &[ptr], &[size])
+            .into_iter()
+            .next()
+            .unwrap_or(Err(ErrorCode::RPC_FAIL))
+    }
+
+    /// [`get_into`](Self::get_into) for many keys in one request; one size or error per
+    /// key. Mismatched input lengths give `INVALID_PARAMS` for every key.
+    pub fn batch_get_into<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        ptrs: &[u64],
+        sizes: &[u64],
+    ) -> Vec<CodeResult<u64>> {
+        if keys.len() != ptrs.len() || keys.len() != sizes.len() {
+            return all_failed(keys.len(), ErrorCode::INVALID_PARAMS);
+        }
+        let items = keys
+            .iter()
+            .zip(ptrs.iter().zip(sizes))
+            .map(|(key, (&addr, &len))| (key.as_ref().to_string(), vec![(addr, len)]))
+            .collect();
+        self.read_scatter(items)
+            .into_iter()
+            .map(too_small_is_invalid)
+            .collect()
+    }
+
+    /// Reads each object into its list of buffers, filled in order (together they must
+    /// hold the object). `prefer_same_node` is accepted for compatibility: a single
+    /// node always reads locally.
+    pub fn batch_get_into_multi_buffers<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        ptrs: &[Vec<u64>],
+        sizes: &[Vec<u64>],
+        prefer_same_node: bool,
+    ) -> Vec<CodeResult<u64>> {
+        let _ = prefer_same_node;
+        if keys.len() != ptrs.len()
+            || keys.len() != sizes.len()
+            || ptrs.iter().zip(sizes).any(|(p, s)| p.len() != s.len())
+        {
+            return all_failed(keys.len(), ErrorCode::INVALID_PARAMS);
+        }
+        let items = keys
+            .iter()
+            .zip(ptrs.iter().zip(sizes))
+            .map(|(key, (ptrs, sizes))| {
+                (
+                    key.as_ref().to_string(),
+                    ptrs.iter().copied().zip(sizes.iter().copied()).collect(),
+                )
+            })
+            .collect();
+        self.read_scatter(items)
+            .into_iter()
+            .map(too_small_is_invalid)
+            .collect()
+    }
+
+    /// Reads `key` into a new vector (through the staging buffer, or inside the reply
+    /// when the object is larger than the staging buffer).
+    pub fn get(&self, key: &str) -> CodeResult<Vec<u8>> {
+        let guess = GET_GUESS.min(self.inner.memory.lock().staging_capacity() / 2);
+        match self.get_staged(key, guess) {
+            Err(ErrorCode::BUFFER_OVERFLOW) => {}
+            Err(ErrorCode::NO_AVAILABLE_HANDLE) => return self.get_inline(key),
+            other => return other,
+        }
+        let size = self.get_size(key)?;
+        match self.get_staged(key, size) {
+            Err(ErrorCode::BUFFER_OVERFLOW | ErrorCode::NO_AVAILABLE_HANDLE) => {
+                self.get_inline(key)
+            }
+            other => other,
+        }
+    }
+
+    /// Reads `key` through a staging block of `capacity` bytes.
+    fn get_staged(&self, key: &str, capacity: u64) -> CodeResult<Vec<u8>> {
+        let block = self.stage(capacity).ok_or(ErrorCode::NO_AVAILABLE_HANDLE)?;
+        let request = vec![GetItem {
+            key: key.to_string(),
+            dests: vec![block.range()],
+        }];
+        let result = self
+            .call_batch(1, DATA_DEADLINE, |rpc, ctx| async move {
+                rpc.get(ctx, request).await
+            })
+            .into_iter()
+            .next()
+            .unwrap_or(Err(ErrorCode::RPC_FAIL))
+            .and_then(|size| {
+                block
+                    .slice
+                    .sub(0, size)
+                    .map(|s| s.to_vec())
+                    .ok_or(ErrorCode::INTERNAL_ERROR)
+            });
+        self.unstage(std::slice::from_ref(&block));
+        result
+    }
+
+    fn get_inline(&self, key: &str) -> CodeResult<Vec<u8>> {
+        let key = key.to_string();
+        self.call(DATA_DEADLINE, |rpc, ctx| async move {
+            rpc.get_inline(ctx, key).await
+        })?
+        .map(ByteBuf::into_vec)
+    }
+
+    /// [`get`](Self::get) for many keys; one result per key.
+    pub fn get_batch<K: AsRef<str>>(&self, keys: &[K]) -> Vec<CodeResult<Vec<u8>>> {
+        keys.iter().map(|key| self.get(key.as_ref())).collect()
+    }
+
+    /// Reads `key` into a new block of the shared pool; the handle keeps the bytes valid
+    /// until it is dropped.
+    pub fn get_buffer(&self, key: &str) -> CodeResult<BufferHandle> {
+        for _ in 0..3 {
+            let size = self.get_size(key)?;
+            let addr = self.alloc_from_mem_pool(size);
+            if addr == 0 {
+                return Err(ErrorCode::NO_AVAILABLE_HANDLE);
+            }
+            let handle = BufferHandle::new(self.clone(), addr, size);
+            match self
+                .read_scatter(vec![(key.to_string(), vec![(addr, size)])])
+                .pop()
+            {
+                Some(Ok(read)) if read == size => return Ok(handle),
+                // The object was replaced by one of another size meanwhile: try again.
+                Some(Ok(_) | Err(ErrorCode::BUFFER_OVERFLOW)) => continue,
+                Some(Err(code)) => return Err(code),
+                None => return Err(ErrorCode::RPC_FAIL),
+            }
+        }
+        Err(ErrorCode::OBJECT_REPLICA_BUSY)
+    }
+
+    /// [`get_buffer`](Self::get_buffer) for many keys.
+    pub fn batch_get_buffer<K: AsRef<str>>(&self, keys: &[K]) -> Vec<CodeResult<BufferHandle>> {
+        keys.iter()
+            .map(|key| self.get_buffer(key.as_ref()))
+            .collect()
+    }
+
+    /// Copies ranges of objects into buffers. For buffer `b` at `ptrs[b]`, key
+    /// `keys[b][k]` and fragment `f`: `sizes[b][k][f]` bytes from offset `src[b][k][f]`
+    /// of the object go to offset `dst[b][k][f]` of the buffer. The result has the shape
+    /// of `dst`: bytes copied or an error per fragment. Mismatched shapes, fragments
+    /// past the buffer (its registered or allocated size) or past the object are
+    /// `INVALID_PARAMS`; a missing key fails its fragments with `OBJECT_NOT_FOUND`.
+    pub fn get_into_ranges(
+        &self,
+        ptrs: &[u64],
+        keys: &[Vec<String>],
+        dst: &Nested<u64>,
+        src: &Nested<u64>,
+        sizes: &Nested<u64>,
+    ) -> Nested<CodeResult<u64>> {
+        let invalid = |b: usize, k: usize| -> Vec<CodeResult<u64>> {
+            let n = dst.get(b).and_then(|d| d.get(k)).map_or(0, Vec::len);
+            all_failed(n, ErrorCode::INVALID_PARAMS)
+        };
+        let shape_ok = ptrs.len() == keys.len()
+            && keys.len() == dst.len()
+            && dst.len() == src.len()
+            && src.len() == sizes.len();
+        let mut results: Nested<CodeResult<u64>> = keys
+            .iter()
+            .enumerate()
+            .map(|(b, ks)| (0..ks.len()).map(|k| invalid(b, k)).collect())
+            .collect();
+        if !shape_ok {
+            return results;
+        }
+        let mut reads = Vec::new();
+        let mut places = Vec::new();
+        let mut bounces = Vec::new();
+        for (b, ks) in keys.iter().enumerate() {
+            if ks.len() != dst[b].len() || ks.len() != src[b].len() || ks.len() != sizes[b].len() {
+                continue;
+            }
+            let capacity = self.inner.memory.lock().capacity_at(ptrs[b]);
+            for (k, key) in ks.iter().enumerate() {
+                let (d, s, z) = (&dst[b][k], &src[b][k], &sizes[b][k]);
+                if d.len() != s.len() || d.len() != z.len() {
+                    continue;
+                }
+                let mut fragments = Vec::new();
+                let mut fragment_places = Vec::new();
+                for f in 0..d.len() {
+                    let fits =
+                        d[f].checked_add(z[f]).is_some_and(|end| end <= capacity) && z[f] > 0;
+                    if !fits {
+                        continue;
+                    }
+                    match self.destination(ptrs[b] + d[f], z[f], &mut bounces) {
+                        Ok(dest) => {
+                            fragments.push(Fragment {
+                                dest,
+                                src_offset: s[f],
+                            });
+                            fragment_places.push((f, bounces.len() - 1));
+                        }
+                        Err(code) => results[b][k][f] = Err(code),
+                    }
+                }
+                if !fragments.is_empty() {
+                    reads.push(RangeRead {
+                        key: key.clone(),
+                        fragments,
+                    });
+                    places.push((b, k, fragment_places));
+                }
+            }
+        }
+        if !reads.is_empty() {
+            let count = reads.len();
+            let answers = self.call_batch(count, DATA_DEADLINE, |rpc, ctx| async move {
+                rpc.get_ranges(ctx, reads)
+                    .await
+                    .map(|v| v.into_iter().map(Ok).collect())
+            });
+            for ((b, k, fragment_places), answer) in places.into_iter().zip(answers) {
+                for (position, (f, bounce_index)) in fragment_places.into_iter().enumerate() {
+                    let result = match &answer {
+                        Ok(per_fragment) => per_fragment
+                            .get(position)
+                            .copied()
+                            .unwrap_or(Err(ErrorCode::RPC_FAIL)),
+                        Err(code) => Err(*code),
+                    };
+                    if let (Ok(n), Some(Some(bounce))) = (result, bounces.get(bounce_index)) {
+                        bounce.deliver(n);
+                    }
+                    results[b][k][f] = result;
+                }
+            }
+        }
+        self.release_bounces(bounces);
+        results
+    }
+}
