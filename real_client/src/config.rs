@@ -307,7 +307,9 @@ mod tests {
         assert_eq!(config.global_segment_size, 4 << 30);
         assert_eq!(
             config.socket,
-            Some(SocketAddress::Abstract("@mooncake_client_50052.sock".into()))
+            Some(SocketAddress::Abstract(
+                "@mooncake_client_50052.sock".into()
+            ))
         );
         assert_eq!(config.master.default_kv_lease_ttl, Duration::from_secs(10));
         assert_eq!(config.host, "0.0.0.0");

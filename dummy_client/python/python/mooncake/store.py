@@ -1,0 +1,383 @@
+"""The Mooncake Store client: ``MooncakeDistributedStore`` and ``ReplicateConfig``.
+
+Dummy mode (``setup_dummy``) attaches to the node's ``mooncake_client``; embedded mode
+(``setup``) runs the real client in this process. Both offer the same calls, with
+upstream's return conventions: ``0``/positive on success, a negative error code
+(``ERROR_CODES``) on failure, one entry per input for batch calls.
+"""
+
+import ctypes
+import functools
+import json
+import logging
+import os
+import uuid
+
+from . import _tensor
+from ._store import ERROR_CODES, ReplicateConfig, SoftPinAction, _RawBuffer, _StoreBase
+
+__all__ = [
+    "MooncakeDistributedStore",
+    "ReplicateConfig",
+    "SoftPinAction",
+    "BufferHandle",
+    "ERROR_CODES",
+]
+
+log = logging.getLogger("mooncake")
+
+INVALID_PARAMS = ERROR_CODES["INVALID_PARAMS"]
+NO_AVAILABLE_HANDLE = ERROR_CODES["NO_AVAILABLE_HANDLE"]
+
+
+@functools.lru_cache(maxsize=512)
+def _handle_type(size):
+    base = ctypes.c_ubyte * size
+
+    def ptr(self):
+        return ctypes.addressof(self)
+
+    def size_(self):
+        return size
+
+    def release(self):
+        self._raw.release()
+
+    def tobytes(self):
+        return bytes(self)
+
+    def __repr__(self):
+        return f"BufferHandle(ptr={ctypes.addressof(self):#x}, size={size})"
+
+    return type(
+        "BufferHandle",
+        (base,),
+        {"ptr": ptr, "size": size_, "len": size_, "release": release, "tobytes": tobytes, "__repr__": __repr__},
+    )
+
+
+class BufferHandle:
+    """An object's bytes in shared memory, valid while the handle lives.
+
+    Handles returned by ``get_buffer`` are ctypes byte arrays: they support the buffer
+    protocol (``memoryview(h)``, ``numpy.frombuffer(h, ...)``, ``bytes(h)``) and have
+    ``ptr()``, ``size()`` and ``len()``. The memory stays valid (and unchanged) until the
+    handle is garbage-collected, even if the key is removed meanwhile.
+    """
+
+
+def _wrap(raw):
+    if raw is None or raw.size() == 0:
+        return None
+    handle = _handle_type(raw.size()).from_address(raw.ptr())
+    handle._raw = raw
+    return handle
+
+
+def _env_size(name, default):
+    value = os.environ.get(name)
+    return value if value else default
+
+
+def _torch():
+    try:
+        import torch  # noqa: PLC0415
+
+        return torch
+    except ImportError:
+        return None
+
+
+def _numpy():
+    import numpy  # noqa: PLC0415
+
+    return numpy
+
+
+def _as_array(tensor):
+    """(C-contiguous numpy array, dtype name, framework) of a numpy array or torch tensor."""
+    np = _numpy()
+    torch = _torch()
+    if torch is not None and isinstance(tensor, torch.Tensor):
+        t = tensor.detach().to("cpu").contiguous()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy(), "bfloat16", _tensor.TORCH
+        array = t.numpy()
+        return array, array.dtype.str, _tensor.TORCH
+    array = np.ascontiguousarray(tensor)
+    return array, array.dtype.str, _tensor.NUMPY
+
+
+def _from_buffer(buf, info):
+    """A tensor viewing ``buf`` (which keeps its memory alive)."""
+    np = _numpy()
+    dtype_name, shape, header_len, data_len, framework = info
+    dtype = np.dtype("<i2") if dtype_name == "bfloat16" else np.dtype(dtype_name)
+    count = data_len // dtype.itemsize if dtype.itemsize else 0
+    array = np.frombuffer(buf, dtype=dtype, count=count, offset=header_len).reshape(shape)
+    torch = _torch()
+    if framework == _tensor.TORCH and torch is not None:
+        result = torch.from_numpy(array)
+        return result.view(torch.bfloat16) if dtype_name == "bfloat16" else result
+    return array
+
+
+def _split(tensor, parts, dim):
+    torch = _torch()
+    if torch is not None and isinstance(tensor, torch.Tensor):
+        return [c.contiguous() for c in torch.chunk(tensor, parts, dim=dim)]
+    return [_numpy().ascontiguousarray(c) for c in _numpy().array_split(tensor, parts, axis=dim)]
+
+
+class MooncakeDistributedStore(_StoreBase):
+    """A Mooncake Store client (drop-in for upstream's ``mooncake.store``)."""
+
+    # ----- lifecycle -----
+
+    def setup_from_env(self):
+        """Sets up from the environment: dummy mode when ``MOONCAKE_CLIENT`` is set
+        (pool ``MOONCAKE_MEM_POOL_SIZE``, staging ``MOONCAKE_LOCAL_BUFFER_SIZE``),
+        otherwise embedded mode from ``MOONCAKE_CONFIG_PATH`` (JSON with upstream's keys)
+        or the ``MOONCAKE_*`` variables. Returns 0 or -1."""
+        client = os.environ.get("MOONCAKE_CLIENT")
+        if client:
+            return self.setup_dummy(
+                _env_size("MOONCAKE_MEM_POOL_SIZE", 0),
+                _env_size("MOONCAKE_LOCAL_BUFFER_SIZE", 16 << 20),
+                client,
+            )
+        path = os.environ.get("MOONCAKE_CONFIG_PATH")
+        if path:
+            try:
+                with open(path) as f:
+                    config = json.load(f)
+            except (OSError, ValueError) as error:
+                log.error("cannot read MOONCAKE_CONFIG_PATH=%s: %s", path, error)
+                return -1
+            if "master_server_address" in config and "master_server_addr" not in config:
+                config["master_server_addr"] = config["master_server_address"]
+            if "device_name" in config and "rdma_devices" not in config:
+                config["rdma_devices"] = config["device_name"]
+            return self.setup(config)
+        return self.setup(
+            {
+                "local_hostname": os.environ.get("MOONCAKE_LOCAL_HOSTNAME", "localhost"),
+                "metadata_server": os.environ.get("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE"),
+                "global_segment_size": _env_size("MOONCAKE_GLOBAL_SEGMENT_SIZE", 3355443200),
+                "local_buffer_size": _env_size("MOONCAKE_LOCAL_BUFFER_SIZE", 1073741824),
+                "protocol": os.environ.get("MOONCAKE_PROTOCOL", "tcp"),
+                "rdma_devices": os.environ.get("MOONCAKE_DEVICE", ""),
+                "master_server_addr": os.environ.get("MOONCAKE_MASTER", "embedded"),
+                "tenant_id": os.environ.get("MOONCAKE_TENANT_ID", "default"),
+            }
+        )
+
+    def status(self):
+        """The real client's status (dummies, mapped memory, objects, segments) as a
+        dict, or None when unreachable."""
+        text = self._status_json()
+        return json.loads(text) if text else None
+
+    # ----- buffers -----
+
+    def get_buffer(self, key):
+        """The object's bytes as a ``BufferHandle`` (None when missing)."""
+        return _wrap(self._get_buffer(key))
+
+    def batch_get_buffer(self, keys):
+        """``get_buffer`` for each key."""
+        return [_wrap(raw) for raw in self._batch_get_buffer(list(keys))]
+
+    # ----- tasks -----
+
+    def create_copy_task(self, key, targets):
+        """Asks for replicas of ``key`` on ``targets``: ``(uuid.UUID or None, code)``."""
+        task, code = self._create_copy_task(key, list(targets))
+        return (uuid.UUID(int=task) if task is not None else None, code)
+
+    def create_move_task(self, key, source, target):
+        """Asks to move ``key`` from ``source`` to ``target``: ``(uuid.UUID or None, code)``."""
+        task, code = self._create_move_task(key, source, target)
+        return (uuid.UUID(int=task) if task is not None else None, code)
+
+    def query_task(self, task_id):
+        """The state of a task: ``(dict or None, code)``."""
+        value = task_id.int if isinstance(task_id, uuid.UUID) else int(task_id)
+        return self._query_task(value)
+
+    # ----- tensors -----
+
+    def _write_tensors(self, keys, tensors, config, upsert):
+        keys = list(keys)
+        tensors = list(tensors)
+        if len(keys) != len(tensors):
+            return [INVALID_PARAMS] * len(keys)
+        blocks, ptrs, sizes = [], [], []
+        try:
+            for tensor in tensors:
+                array, dtype_name, framework = _as_array(tensor)
+                header = _tensor.pack_header(dtype_name, array.shape, array.nbytes, framework)
+                total = len(header) + array.nbytes
+                ptr = self.alloc_from_mem_pool(total)
+                if not ptr:
+                    return [NO_AVAILABLE_HANDLE] * len(keys)
+                blocks.append(ptr)
+                ctypes.memmove(ptr, header, len(header))
+                if array.nbytes:
+                    ctypes.memmove(ptr + len(header), array.ctypes.data, array.nbytes)
+                ptrs.append(ptr)
+                sizes.append(total)
+            write = self.batch_upsert_from if upsert else self.batch_put_from
+            return write(keys, ptrs, sizes, config) if config is not None else write(keys, ptrs, sizes)
+        finally:
+            for ptr in blocks:
+                self.free_to_mem_pool(ptr)
+
+    def put_tensor(self, key, tensor, config=None):
+        """Stores a numpy array or torch tensor (``[TensorMetadata][data]``)."""
+        return self._write_tensors([key], [tensor], config, False)[0]
+
+    def batch_put_tensor(self, keys, tensors, config=None):
+        """``put_tensor`` for each key; one code per key."""
+        return self._write_tensors(keys, tensors, config, False)
+
+    def upsert_tensor(self, key, tensor, config=None):
+        """Stores or replaces a tensor."""
+        return self._write_tensors([key], [tensor], config, True)[0]
+
+    def batch_upsert_tensor(self, keys, tensors, config=None):
+        """``upsert_tensor`` for each key."""
+        return self._write_tensors(keys, tensors, config, True)
+
+    def pub_tensor(self, key, tensor, config=None):
+        """Publishes a tensor: stores it, replacing any previous version."""
+        return self.upsert_tensor(key, tensor, config)
+
+    def get_tensor(self, key):
+        """The stored tensor (torch if it was stored from torch and torch is installed,
+        else numpy), or None."""
+        handle = self.get_buffer(key)
+        if handle is None:
+            return None
+        info = _tensor.unpack_header(memoryview(handle))
+        return _from_buffer(handle, info) if info else None
+
+    def batch_get_tensor(self, keys):
+        """``get_tensor`` for each key."""
+        return [self.get_tensor(key) for key in keys]
+
+    def _tensor_at(self, ptr, size):
+        buf = (ctypes.c_ubyte * size).from_address(ptr)
+        info = _tensor.unpack_header(memoryview(buf))
+        return (_from_buffer(buf, info) if info else None), info
+
+    def get_tensor_into(self, key, buffer_ptr, size):
+        """Reads a tensor into ``buffer_ptr`` (zero-copy for shared memory) and returns a
+        view of it, or None."""
+        got = self.get_into(key, buffer_ptr, size)
+        if got <= 0:
+            return None
+        return self._tensor_at(buffer_ptr, got)[0]
+
+    def batch_get_tensor_into(self, keys, buffer_ptrs, sizes):
+        """``get_tensor_into`` for each key; mismatched lengths give ``INVALID_PARAMS``."""
+        keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
+        if not (len(keys) == len(buffer_ptrs) == len(sizes)):
+            return [INVALID_PARAMS] * len(keys)
+        got = self.batch_get_into(keys, buffer_ptrs, sizes)
+        return [self._tensor_at(p, n)[0] if n > 0 else None for p, n in zip(buffer_ptrs, got)]
+
+    def _check_tensor_buffers(self, buffer_ptrs, sizes):
+        return all(self._tensor_at(p, n)[1] is not None for p, n in zip(buffer_ptrs, sizes))
+
+    def put_tensor_from(self, key, buffer_ptr, size, config=None):
+        """Stores a tensor already laid out (``[TensorMetadata][data]``) at
+        ``buffer_ptr``; ``INVALID_PARAMS`` when the buffer holds no valid tensor."""
+        return self.batch_put_tensor_from([key], [buffer_ptr], [size], config)[0]
+
+    def batch_put_tensor_from(self, keys, buffer_ptrs, sizes, config=None):
+        """``put_tensor_from`` for each key."""
+        keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
+        if not (len(keys) == len(buffer_ptrs) == len(sizes)) or not self._check_tensor_buffers(buffer_ptrs, sizes):
+            return [INVALID_PARAMS] * len(keys)
+        return self.batch_put_from(keys, buffer_ptrs, sizes, config) if config is not None else self.batch_put_from(keys, buffer_ptrs, sizes)
+
+    def upsert_tensor_from(self, key, buffer_ptr, size, config=None):
+        """``put_tensor_from`` that replaces an existing object."""
+        return self.batch_upsert_tensor_from([key], [buffer_ptr], [size], config)[0]
+
+    def batch_upsert_tensor_from(self, keys, buffer_ptrs, sizes, config=None):
+        """``upsert_tensor_from`` for each key."""
+        keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
+        if not (len(keys) == len(buffer_ptrs) == len(sizes)) or not self._check_tensor_buffers(buffer_ptrs, sizes):
+            return [INVALID_PARAMS] * len(keys)
+        return self.batch_upsert_from(keys, buffer_ptrs, sizes, config) if config is not None else self.batch_upsert_from(keys, buffer_ptrs, sizes)
+
+    # ----- tensor parallelism: shards stored as <key>_tp_<rank> -----
+
+    @staticmethod
+    def _tp_key(key, rank):
+        return f"{key}_tp_{rank}"
+
+    def _write_tp(self, keys, tensors, tp_size, split_dim, config, upsert):
+        keys, tensors = list(keys), list(tensors)
+        if len(keys) != len(tensors) or tp_size < 1:
+            return [INVALID_PARAMS] * len(keys)
+        shard_keys, shards, owner = [], [], []
+        for index, (key, tensor) in enumerate(zip(keys, tensors)):
+            for rank, shard in enumerate(_split(tensor, tp_size, split_dim)):
+                shard_keys.append(self._tp_key(key, rank))
+                shards.append(shard)
+                owner.append(index)
+        codes = self._write_tensors(shard_keys, shards, config, upsert)
+        result = [0] * len(keys)
+        for index, code in zip(owner, codes):
+            if code != 0 and result[index] == 0:
+                result[index] = code
+        return result
+
+    def put_tensor_with_tp(self, key, tensor, tp_rank=0, tp_size=1, split_dim=0, config=None):
+        """Splits ``tensor`` into ``tp_size`` shards along ``split_dim`` and stores shard
+        ``r`` as ``<key>_tp_<r>``."""
+        return self._write_tp([key], [tensor], tp_size, split_dim, config, False)[0]
+
+    def batch_put_tensor_with_tp(self, keys, tensors, tp_rank=0, tp_size=1, split_dim=0, config=None):
+        """``put_tensor_with_tp`` for each key."""
+        return self._write_tp(keys, tensors, tp_size, split_dim, config, False)
+
+    def upsert_tensor_with_tp(self, key, tensor, tp_rank=0, tp_size=1, split_dim=0, config=None):
+        """``put_tensor_with_tp`` that replaces existing shards."""
+        return self._write_tp([key], [tensor], tp_size, split_dim, config, True)[0]
+
+    def batch_upsert_tensor_with_tp(self, keys, tensors, tp_rank=0, tp_size=1, split_dim=0, config=None):
+        """``upsert_tensor_with_tp`` for each key."""
+        return self._write_tp(keys, tensors, tp_size, split_dim, config, True)
+
+    def get_tensor_with_tp(self, key, tp_rank=0, tp_size=1, split_dim=0):
+        """Shard ``tp_rank`` of a tensor stored with ``put_tensor_with_tp``."""
+        return self.get_tensor(self._tp_key(key, tp_rank))
+
+    def batch_get_tensor_with_tp(self, keys, tp_rank=0, tp_size=1, split_dim=0):
+        """``get_tensor_with_tp`` for each key."""
+        return [self.get_tensor(self._tp_key(key, tp_rank)) for key in keys]
+
+    # Upstream's "parallelism" wrappers store whole tensors.
+    def put_tensor_with_parallelism(self, key, tensor, config=None, **_):
+        """Same as ``put_tensor``."""
+        return self.put_tensor(key, tensor, config)
+
+    def batch_put_tensor_with_parallelism(self, keys, tensors, config=None, **_):
+        """Same as ``batch_put_tensor``."""
+        return self.batch_put_tensor(keys, tensors, config)
+
+    def put_tensor_with_parallelism_from(self, key, buffer_ptr, size, config=None, **_):
+        """Same as ``put_tensor_from``."""
+        return self.put_tensor_from(key, buffer_ptr, size, config)
+
+    def upsert_tensor_with_parallelism(self, key, tensor, config=None, **_):
+        """Same as ``upsert_tensor``."""
+        return self.upsert_tensor(key, tensor, config)
+
+    def batch_upsert_tensor_with_parallelism_from(self, keys, buffer_ptrs, sizes, config=None, **_):
+        """Same as ``batch_upsert_tensor_from``."""
+        return self.batch_upsert_tensor_from(keys, buffer_ptrs, sizes, config)

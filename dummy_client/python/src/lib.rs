@@ -1,0 +1,32 @@
+//! The `mooncake._store` extension module: the dummy client (and the embedded real
+//! client) for Python. `mooncake/store.py` wraps it into the upstream-compatible
+//! `MooncakeDistributedStore` (adding tensor helpers and the buffer protocol).
+//!
+//! Every call that waits for the real client releases the GIL. Values follow
+//! upstream's conventions: `0` or a positive value on success, the negative error code
+//! on failure; batch calls return one entry per input.
+
+mod config;
+mod convert;
+mod store;
+
+use pyo3::prelude::*;
+
+/// The extension module.
+#[pymodule]
+fn _store(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<config::PyReplicateConfig>()?;
+    m.add_class::<config::PySoftPinAction>()?;
+    m.add_class::<store::PyStore>()?;
+    m.add_class::<store::PyBufferHandle>()?;
+    m.add(
+        "PROTOCOL_VERSION",
+        mooncake_core::protocol::PROTOCOL_VERSION,
+    )?;
+    let codes = pyo3::types::PyDict::new(m.py());
+    for code in mooncake_core::ErrorCode::ALL {
+        codes.set_item(code.name(), code.as_i32())?;
+    }
+    m.add("ERROR_CODES", codes)?;
+    Ok(())
+}

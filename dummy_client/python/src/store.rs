@@ -1,0 +1,852 @@
+//! `_StoreBase`: the store calls for Python, over a [`DummyClient`] (dummy mode) or an
+//! in-process real client (embedded mode).
+
+use std::sync::RwLock;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::{PyBytes, PyDict};
+
+use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::types::ReplicateConfig;
+use mooncake_core::units::parse_size;
+use mooncake_dummy_client::{BufferHandle, DummyClient, Health, TaskStatus};
+use mooncake_real_client::RealClientConfig;
+
+use crate::config::PyReplicateConfig;
+use crate::convert::{code, descriptor, flag, unit, value};
+
+/// The default staging buffer when `setup()` is not told one.
+const DEFAULT_LOCAL_BUFFER: u64 = 16 << 20;
+/// The default shared pool of an embedded client.
+const DEFAULT_POOL: u64 = 64 << 20;
+
+fn log_error(py: Python<'_>, message: &str) {
+    let logged = py
+        .import("logging")
+        .and_then(|logging| logging.call_method1("getLogger", ("mooncake",)))
+        .and_then(|logger| logger.call_method1("error", (message,)));
+    if logged.is_err() {
+        eprintln!("mooncake: {message}");
+    }
+}
+
+fn config_of(config: Option<PyRef<'_, PyReplicateConfig>>) -> ReplicateConfig {
+    config.map(|c| c.inner.clone()).unwrap_or_default()
+}
+
+/// A size given as an int or a string such as `"4GB"`.
+fn size_arg(value: Option<&Bound<'_, PyAny>>, default: u64) -> PyResult<u64> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(default);
+    };
+    if let Ok(n) = value.extract::<u64>() {
+        return Ok(n);
+    }
+    let text: String = value.str()?.extract()?;
+    parse_size(&text).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+fn string_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
+    match value.filter(|v| !v.is_none()) {
+        Some(v) => Ok(Some(v.str()?.extract()?)),
+        None => Ok(None),
+    }
+}
+
+/// A store object's bytes in the dummy's shared pool, valid while this object lives.
+#[pyclass(name = "_RawBuffer", module = "mooncake._store")]
+pub struct PyBufferHandle {
+    handle: Option<BufferHandle>,
+}
+
+#[pymethods]
+impl PyBufferHandle {
+    /// Address of the bytes (0 after `release()`).
+    fn ptr(&self) -> u64 {
+        self.handle.as_ref().map_or(0, BufferHandle::ptr)
+    }
+
+    /// Number of bytes.
+    fn size(&self) -> u64 {
+        self.handle.as_ref().map_or(0, BufferHandle::size)
+    }
+
+    fn __len__(&self) -> usize {
+        self.handle.as_ref().map_or(0, BufferHandle::len)
+    }
+
+    /// A copy of the bytes.
+    fn tobytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(
+            py,
+            self.handle.as_ref().map_or(&[][..], BufferHandle::as_slice),
+        )
+    }
+
+    /// Returns the memory to the pool now (the handle becomes empty).
+    fn release(&mut self) {
+        self.handle = None;
+    }
+}
+
+/// The store client behind `MooncakeDistributedStore`.
+#[pyclass(name = "_StoreBase", subclass, module = "mooncake._store")]
+pub struct PyStore {
+    client: RwLock<Option<DummyClient>>,
+}
+
+impl PyStore {
+    fn client(&self) -> Option<DummyClient> {
+        self.client.read().ok().and_then(|c| c.clone())
+    }
+
+    /// Runs `op` on the client without the GIL; `fallback` when not set up.
+    fn with<T: Send>(
+        &self,
+        py: Python<'_>,
+        fallback: T,
+        op: impl FnOnce(&DummyClient) -> T + Send,
+    ) -> T {
+        match self.client() {
+            Some(client) => py.detach(move || op(&client)),
+            None => fallback,
+        }
+    }
+
+    fn install(&self, client: DummyClient) {
+        if let Ok(mut slot) = self.client.write()
+            && let Some(old) = slot.replace(client)
+        {
+            old.close();
+        }
+    }
+}
+
+fn not_ready() -> i64 {
+    code(ErrorCode::RPC_FAIL)
+}
+
+fn not_ready_list(n: usize) -> Vec<i64> {
+    vec![not_ready(); n]
+}
+
+#[pymethods]
+impl PyStore {
+    #[new]
+    fn new() -> Self {
+        PyStore {
+            client: RwLock::new(None),
+        }
+    }
+
+    /// Attaches to the real client at `server_address` (`host:port`, `unix:/path`,
+    /// `/path` or `@name`; `MOONCAKE_CLIENT` when empty) with a shared pool of
+    /// `mem_pool_size` bytes and a staging buffer of `local_buffer_size` bytes.
+    /// Returns 0, or -1 with the reason logged.
+    #[pyo3(signature = (mem_pool_size=None, local_buffer_size=None, server_address=None))]
+    fn setup_dummy(
+        &self,
+        py: Python<'_>,
+        mem_pool_size: Option<&Bound<'_, PyAny>>,
+        local_buffer_size: Option<&Bound<'_, PyAny>>,
+        server_address: Option<String>,
+    ) -> PyResult<i64> {
+        let pool = size_arg(mem_pool_size, 0)?;
+        let staging = size_arg(local_buffer_size, DEFAULT_LOCAL_BUFFER)?;
+        let pool = if pool == 0 { DEFAULT_POOL } else { pool };
+        let result =
+            py.detach(move || DummyClient::setup_dummy(pool, staging, server_address.as_deref()));
+        match result {
+            Ok(client) => {
+                self.install(client);
+                Ok(0)
+            }
+            Err(error) => {
+                log_error(py, &format!("setup_dummy failed: {error}"));
+                Ok(-1)
+            }
+        }
+    }
+
+    /// Runs a real client in this process (embedded mode). Takes upstream's positional
+    /// arguments or one dict with upstream's keys. Returns 0, or -1 with the reason
+    /// logged.
+    #[pyo3(signature = (local_hostname, metadata_server=None, global_segment_size=None, local_buffer_size=None, protocol=None, rdma_devices=None, master_server_addr=None, engine=None, enable_ssd_offload=false, ssd_offload_path=None, tenant_id=None, enable_client_http_server=false, client_http_port=9300))]
+    #[expect(clippy::too_many_arguments, reason = "upstream's positional signature")]
+    fn setup(
+        &self,
+        py: Python<'_>,
+        local_hostname: &Bound<'_, PyAny>,
+        metadata_server: Option<&Bound<'_, PyAny>>,
+        global_segment_size: Option<&Bound<'_, PyAny>>,
+        local_buffer_size: Option<&Bound<'_, PyAny>>,
+        protocol: Option<&Bound<'_, PyAny>>,
+        rdma_devices: Option<&Bound<'_, PyAny>>,
+        master_server_addr: Option<&Bound<'_, PyAny>>,
+        engine: Option<&Bound<'_, PyAny>>,
+        enable_ssd_offload: bool,
+        ssd_offload_path: Option<&Bound<'_, PyAny>>,
+        tenant_id: Option<&Bound<'_, PyAny>>,
+        enable_client_http_server: bool,
+        client_http_port: u16,
+    ) -> PyResult<i64> {
+        let _ = (
+            engine,
+            ssd_offload_path,
+            enable_client_http_server,
+            client_http_port,
+        );
+        let settings = if let Ok(dict) = local_hostname.cast::<PyDict>() {
+            let get = |key: &str| dict.get_item(key).ok().flatten();
+            EmbeddedSettings {
+                host: string_arg(get("local_hostname").as_ref())?,
+                segment: size_arg(get("global_segment_size").as_ref(), 16 << 20)?,
+                staging: size_arg(get("local_buffer_size").as_ref(), DEFAULT_LOCAL_BUFFER)?,
+                protocol: string_arg(get("protocol").as_ref())?,
+                devices: string_arg(get("rdma_devices").as_ref())?,
+                master: string_arg(
+                    get("master_server_addr")
+                        .or_else(|| get("master_server_address"))
+                        .as_ref(),
+                )?,
+                tenant: string_arg(get("tenant_id").as_ref())?,
+                offload: get("enable_ssd_offload")
+                    .map(|v| v.is_truthy())
+                    .transpose()?
+                    .unwrap_or(false),
+            }
+        } else {
+            let _ = metadata_server;
+            EmbeddedSettings {
+                host: string_arg(Some(local_hostname))?,
+                segment: size_arg(global_segment_size, 16 << 20)?,
+                staging: size_arg(local_buffer_size, DEFAULT_LOCAL_BUFFER)?,
+                protocol: string_arg(protocol)?,
+                devices: string_arg(rdma_devices)?,
+                master: string_arg(master_server_addr)?,
+                tenant: string_arg(tenant_id)?,
+                offload: enable_ssd_offload,
+            }
+        };
+        let config = match settings.to_config() {
+            Ok(config) => config,
+            Err(message) => {
+                log_error(py, &format!("setup failed: {message}"));
+                return Ok(-1);
+            }
+        };
+        let staging = settings.staging;
+        match py.detach(move || DummyClient::setup_embedded(config, DEFAULT_POOL, staging)) {
+            Ok(client) => {
+                self.install(client);
+                Ok(0)
+            }
+            Err(error) => {
+                log_error(py, &format!("setup failed: {error}"));
+                Ok(-1)
+            }
+        }
+    }
+
+    /// Disconnects; later calls return errors. Returns 0.
+    fn close(&self) -> i64 {
+        if let Some(client) = self.client() {
+            client.close();
+        }
+        0
+    }
+
+    /// 0 healthy, 1 not set up or closed, 2 real client or master unreachable.
+    fn health_check(&self, py: Python<'_>) -> i64 {
+        self.with(py, Health::NotInitialized, DummyClient::health_check) as i64
+    }
+
+    /// The segment name of the real client (`host:port`).
+    fn get_hostname(&self, py: Python<'_>) -> String {
+        self.with(py, String::new(), DummyClient::get_hostname)
+    }
+
+    // ----- writes -----
+
+    #[pyo3(signature = (key, value, config=None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: String,
+        value: PyBackedBytes,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> i64 {
+        let config = config_of(config);
+        self.with(py, not_ready(), move |c| unit(c.put(&key, &value, &config)))
+    }
+
+    #[pyo3(signature = (key, *parts, config=None))]
+    fn put_parts(
+        &self,
+        py: Python<'_>,
+        key: String,
+        parts: Vec<PyBackedBytes>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> i64 {
+        let config = config_of(config);
+        self.with(py, not_ready(), move |c| {
+            let views: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+            unit(c.put_parts(&key, &views, &config))
+        })
+    }
+
+    #[pyo3(signature = (keys, values, config=None))]
+    fn put_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: Vec<PyBackedBytes>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> i64 {
+        let config = config_of(config);
+        self.with(py, not_ready(), move |c| {
+            let views: Vec<&[u8]> = values.iter().map(|p| &p[..]).collect();
+            first_error(c.put_batch(&keys, &views, &config))
+        })
+    }
+
+    #[pyo3(signature = (key, value, config=None))]
+    fn upsert(
+        &self,
+        py: Python<'_>,
+        key: String,
+        value: PyBackedBytes,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> i64 {
+        let config = config_of(config);
+        self.with(py, not_ready(), move |c| {
+            unit(c.upsert(&key, &value, &config))
+        })
+    }
+
+    #[pyo3(signature = (key, *parts, config=None))]
+    fn upsert_parts(
+        &self,
+        py: Python<'_>,
+        key: String,
+        parts: Vec<PyBackedBytes>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> i64 {
+        let config = config_of(config);
+        self.with(py, not_ready(), move |c| {
+            let views: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+            unit(c.upsert_parts(&key, &views, &config))
+        })
+    }
+
+    #[pyo3(signature = (keys, values, config=None))]
+    fn upsert_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: Vec<PyBackedBytes>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> i64 {
+        let config = config_of(config);
+        self.with(py, not_ready(), move |c| {
+            let views: Vec<&[u8]> = values.iter().map(|p| &p[..]).collect();
+            first_error(c.upsert_batch(&keys, &views, &config))
+        })
+    }
+
+    #[pyo3(signature = (key, buffer_ptr, size, config=None))]
+    fn put_from(
+        &self,
+        py: Python<'_>,
+        key: String,
+        buffer_ptr: u64,
+        size: u64,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> i64 {
+        let config = config_of(config);
+        self.with(py, not_ready(), move |c| {
+            unit(c.put_from(&key, buffer_ptr, size, &config))
+        })
+    }
+
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
+    fn batch_put_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> Vec<i64> {
+        let config = config_of(config);
+        let n = keys.len();
+        self.with(py, not_ready_list(n), move |c| {
+            c.batch_put_from(&keys, &buffer_ptrs, &sizes, &config)
+                .into_iter()
+                .map(unit)
+                .collect()
+        })
+    }
+
+    #[pyo3(signature = (key, buffer_ptr, size, config=None))]
+    fn upsert_from(
+        &self,
+        py: Python<'_>,
+        key: String,
+        buffer_ptr: u64,
+        size: u64,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> i64 {
+        let config = config_of(config);
+        self.with(py, not_ready(), move |c| {
+            unit(c.upsert_from(&key, buffer_ptr, size, &config))
+        })
+    }
+
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
+    fn batch_upsert_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> Vec<i64> {
+        let config = config_of(config);
+        let n = keys.len();
+        self.with(py, not_ready_list(n), move |c| {
+            c.batch_upsert_from(&keys, &buffer_ptrs, &sizes, &config)
+                .into_iter()
+                .map(unit)
+                .collect()
+        })
+    }
+
+    #[pyo3(signature = (key, buffer_ptr, metadata_buffer_ptr, size, metadata_size, config=None))]
+    #[expect(clippy::too_many_arguments, reason = "upstream's signature")]
+    fn put_from_with_metadata(
+        &self,
+        py: Python<'_>,
+        key: String,
+        buffer_ptr: u64,
+        metadata_buffer_ptr: u64,
+        size: u64,
+        metadata_size: u64,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> i64 {
+        let config = config_of(config);
+        self.with(py, not_ready(), move |c| {
+            unit(c.put_from_with_metadata(
+                &key,
+                buffer_ptr,
+                metadata_buffer_ptr,
+                size,
+                metadata_size,
+                &config,
+            ))
+        })
+    }
+
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, config=None))]
+    fn batch_put_from_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<u64>>,
+        all_sizes: Vec<Vec<u64>>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> Vec<i64> {
+        let config = config_of(config);
+        let n = keys.len();
+        self.with(py, not_ready_list(n), move |c| {
+            c.batch_put_from_multi_buffers(&keys, &all_buffer_ptrs, &all_sizes, &config)
+                .into_iter()
+                .map(unit)
+                .collect()
+        })
+    }
+
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, config=None))]
+    fn batch_upsert_from_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<u64>>,
+        all_sizes: Vec<Vec<u64>>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> Vec<i64> {
+        let config = config_of(config);
+        let n = keys.len();
+        self.with(py, not_ready_list(n), move |c| {
+            c.batch_upsert_from_multi_buffers(&keys, &all_buffer_ptrs, &all_sizes, &config)
+                .into_iter()
+                .map(unit)
+                .collect()
+        })
+    }
+
+    // ----- reads -----
+
+    /// The object's bytes, or `b""` when it is missing (or on error).
+    fn get<'py>(&self, py: Python<'py>, key: String) -> Bound<'py, PyBytes> {
+        let bytes = self.with(py, Vec::new(), move |c| c.get(&key).unwrap_or_default());
+        PyBytes::new(py, &bytes)
+    }
+
+    fn get_batch<'py>(&self, py: Python<'py>, keys: Vec<String>) -> Vec<Bound<'py, PyBytes>> {
+        let n = keys.len();
+        let values = self.with(py, vec![Vec::new(); n], move |c| {
+            c.get_batch(&keys)
+                .into_iter()
+                .map(Result::unwrap_or_default)
+                .collect()
+        });
+        values.iter().map(|v| PyBytes::new(py, v)).collect()
+    }
+
+    fn _get_buffer(&self, py: Python<'_>, key: String) -> Option<PyBufferHandle> {
+        self.with(py, None, move |c| c.get_buffer(&key).ok())
+            .map(|handle| PyBufferHandle {
+                handle: Some(handle),
+            })
+    }
+
+    fn _batch_get_buffer(&self, py: Python<'_>, keys: Vec<String>) -> Vec<Option<PyBufferHandle>> {
+        let n = keys.len();
+        let handles = self.with(py, (0..n).map(|_| None).collect(), move |c| {
+            c.batch_get_buffer(&keys)
+                .into_iter()
+                .map(Result::ok)
+                .collect::<Vec<_>>()
+        });
+        handles
+            .into_iter()
+            .map(|h| {
+                h.map(|handle| PyBufferHandle {
+                    handle: Some(handle),
+                })
+            })
+            .collect()
+    }
+
+    fn get_into(&self, py: Python<'_>, key: String, buffer_ptr: u64, size: u64) -> i64 {
+        self.with(py, not_ready(), move |c| {
+            value(c.get_into(&key, buffer_ptr, size))
+        })
+    }
+
+    fn batch_get_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+    ) -> Vec<i64> {
+        let n = keys.len();
+        self.with(py, not_ready_list(n), move |c| {
+            c.batch_get_into(&keys, &buffer_ptrs, &sizes)
+                .into_iter()
+                .map(value)
+                .collect()
+        })
+    }
+
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, prefer_same_node=true))]
+    fn batch_get_into_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<u64>>,
+        all_sizes: Vec<Vec<u64>>,
+        prefer_same_node: bool,
+    ) -> Vec<i64> {
+        let n = keys.len();
+        self.with(py, not_ready_list(n), move |c| {
+            c.batch_get_into_multi_buffers(&keys, &all_buffer_ptrs, &all_sizes, prefer_same_node)
+                .into_iter()
+                .map(value)
+                .collect()
+        })
+    }
+
+    fn get_into_ranges(
+        &self,
+        py: Python<'_>,
+        buffer_ptrs: Vec<u64>,
+        keys: Vec<Vec<String>>,
+        dst_offsets: Vec<Vec<Vec<u64>>>,
+        src_offsets: Vec<Vec<Vec<u64>>>,
+        sizes: Vec<Vec<Vec<u64>>>,
+    ) -> Vec<Vec<Vec<i64>>> {
+        let fallback: Vec<Vec<Vec<i64>>> = keys
+            .iter()
+            .enumerate()
+            .map(|(b, ks)| {
+                (0..ks.len())
+                    .map(|k| {
+                        not_ready_list(
+                            dst_offsets
+                                .get(b)
+                                .and_then(|d| d.get(k))
+                                .map_or(0, Vec::len),
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        self.with(py, fallback, move |c| {
+            c.get_into_ranges(&buffer_ptrs, &keys, &dst_offsets, &src_offsets, &sizes)
+                .into_iter()
+                .map(|per_key| {
+                    per_key
+                        .into_iter()
+                        .map(|per_fragment| per_fragment.into_iter().map(value).collect())
+                        .collect()
+                })
+                .collect()
+        })
+    }
+
+    // ----- queries and removal -----
+
+    fn is_exist(&self, py: Python<'_>, key: String) -> i64 {
+        self.with(py, not_ready(), move |c| flag(c.is_exist(&key)))
+    }
+
+    fn batch_is_exist(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
+        let n = keys.len();
+        self.with(py, not_ready_list(n), move |c| {
+            c.batch_is_exist(&keys).into_iter().map(flag).collect()
+        })
+    }
+
+    fn get_size(&self, py: Python<'_>, key: String) -> i64 {
+        self.with(py, not_ready(), move |c| value(c.get_size(&key)))
+    }
+
+    /// Replica descriptors of `key` as dicts (`[]` when missing).
+    fn get_replica_desc<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+    ) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let replicas = self.with(py, Vec::new(), move |c| {
+            c.get_replica_desc(&key).unwrap_or_default()
+        });
+        replicas.iter().map(|r| descriptor(py, r)).collect()
+    }
+
+    /// `{key: [descriptor, ...]}` for the keys that exist.
+    fn batch_get_replica_desc<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let asked = keys.clone();
+        let results = self.with(py, Vec::new(), move |c| c.batch_get_replica_desc(&keys));
+        let out = PyDict::new(py);
+        for (key, result) in asked.iter().zip(results) {
+            if let Ok(replicas) = result {
+                let list: PyResult<Vec<_>> = replicas.iter().map(|r| descriptor(py, r)).collect();
+                out.set_item(key, list?)?;
+            }
+        }
+        Ok(out)
+    }
+
+    #[pyo3(signature = (key, force=false))]
+    fn remove(&self, py: Python<'_>, key: String, force: bool) -> i64 {
+        self.with(py, not_ready(), move |c| unit(c.remove(&key, force)))
+    }
+
+    #[pyo3(signature = (keys, force=false))]
+    fn batch_remove(&self, py: Python<'_>, keys: Vec<String>, force: bool) -> Vec<i64> {
+        let n = keys.len();
+        self.with(py, not_ready_list(n), move |c| {
+            c.batch_remove(&keys, force).into_iter().map(unit).collect()
+        })
+    }
+
+    #[pyo3(signature = (regex, force=false))]
+    fn remove_by_regex(&self, py: Python<'_>, regex: String, force: bool) -> i64 {
+        self.with(py, not_ready(), move |c| {
+            value(c.remove_by_regex(&regex, force))
+        })
+    }
+
+    #[pyo3(signature = (force=false))]
+    fn remove_all(&self, py: Python<'_>, force: bool) -> i64 {
+        self.with(py, not_ready(), move |c| value(c.remove_all(force)))
+    }
+
+    /// `(task id as int or None, code)`.
+    fn _create_copy_task(
+        &self,
+        py: Python<'_>,
+        key: String,
+        targets: Vec<String>,
+    ) -> (Option<u128>, i64) {
+        task_result(self.with(py, Err(ErrorCode::RPC_FAIL), move |c| {
+            c.create_copy_task(&key, &targets)
+        }))
+    }
+
+    /// `(task id as int or None, code)`.
+    fn _create_move_task(
+        &self,
+        py: Python<'_>,
+        key: String,
+        source: String,
+        target: String,
+    ) -> (Option<u128>, i64) {
+        task_result(self.with(py, Err(ErrorCode::RPC_FAIL), move |c| {
+            c.create_move_task(&key, &source, &target)
+        }))
+    }
+
+    /// `(dict or None, code)`.
+    fn _query_task<'py>(
+        &self,
+        py: Python<'py>,
+        id: u128,
+    ) -> PyResult<(Option<Bound<'py, PyDict>>, i64)> {
+        match self.with(py, Err(ErrorCode::RPC_FAIL), move |c| c.query_task(id)) {
+            Ok(info) => {
+                let dict = PyDict::new(py);
+                dict.set_item("id", info.id)?;
+                dict.set_item("type", format!("{:?}", info.kind).to_lowercase())?;
+                dict.set_item("key", info.key)?;
+                dict.set_item("targets", info.targets)?;
+                let (status, error) = match info.status {
+                    TaskStatus::Pending => ("pending", 0),
+                    TaskStatus::Running => ("running", 0),
+                    TaskStatus::Success => ("success", 0),
+                    TaskStatus::Failed(code) => ("failed", code),
+                };
+                dict.set_item("status", status)?;
+                dict.set_item("error_code", error)?;
+                Ok((Some(dict), 0))
+            }
+            Err(error) => Ok((None, code(error))),
+        }
+    }
+
+    // ----- memory -----
+
+    /// Address of `size` bytes of shared memory (zero-copy buffers), or 0.
+    fn alloc_from_mem_pool(&self, py: Python<'_>, size: u64) -> u64 {
+        self.with(py, 0, move |c| c.alloc_from_mem_pool(size))
+    }
+
+    fn free_to_mem_pool(&self, py: Python<'_>, ptr: u64) -> i64 {
+        self.with(py, not_ready(), move |c| unit(c.free_to_mem_pool(ptr)))
+    }
+
+    fn register_buffer(&self, py: Python<'_>, buffer_ptr: u64, size: u64) -> i64 {
+        self.with(py, not_ready(), move |c| {
+            unit(c.register_buffer(buffer_ptr, size))
+        })
+    }
+
+    fn unregister_buffer(&self, py: Python<'_>, buffer_ptr: u64) -> i64 {
+        self.with(py, not_ready(), move |c| {
+            unit(c.unregister_buffer(buffer_ptr))
+        })
+    }
+
+    /// The real client's status as a JSON string (dummies, memory, objects).
+    fn _status_json(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        let report = self.with(py, Err(ErrorCode::RPC_FAIL), DummyClient::status);
+        match report {
+            Ok(report) => Ok(Some(status_json(&report))),
+            Err(_) => Ok(None),
+        }
+    }
+}
+
+fn first_error(results: Vec<CodeResult<()>>) -> i64 {
+    results.into_iter().find_map(Result::err).map_or(0, code)
+}
+
+fn task_result(result: CodeResult<u128>) -> (Option<u128>, i64) {
+    match result {
+        Ok(id) => (Some(id), 0),
+        Err(error) => (None, code(error)),
+    }
+}
+
+fn status_json(report: &mooncake_core::protocol::rpc::StatusReport) -> String {
+    let dummies: Vec<serde_json::Value> = report
+        .dummies
+        .iter()
+        .map(|d| {
+            serde_json::json!({
+                "pid": d.pid, "uid": d.uid, "name": d.name,
+                "segments": d.segments, "mapped_bytes": d.mapped_bytes,
+            })
+        })
+        .collect();
+    let segments: Vec<serde_json::Value> = report
+        .master
+        .segments
+        .iter()
+        .map(|s| serde_json::json!({"id": s.id, "name": s.name, "capacity": s.capacity, "used": s.used}))
+        .collect();
+    serde_json::json!({
+        "pid": report.pid,
+        "instance_id": format!("{:032x}", report.instance_id),
+        "segment_name": report.segment_name,
+        "uptime_secs": report.uptime_secs,
+        "mapped_bytes": report.mapped_bytes,
+        "dummies": dummies,
+        "objects": report.master.objects,
+        "writes_in_progress": report.master.writes_in_progress,
+        "segments": segments,
+    })
+    .to_string()
+}
+
+/// Settings of an embedded real client gathered from `setup()`'s arguments.
+struct EmbeddedSettings {
+    host: Option<String>,
+    segment: u64,
+    staging: u64,
+    protocol: Option<String>,
+    devices: Option<String>,
+    master: Option<String>,
+    tenant: Option<String>,
+    offload: bool,
+}
+
+impl EmbeddedSettings {
+    fn to_config(&self) -> Result<RealClientConfig, String> {
+        let master = match self.master.as_deref().map(str::trim) {
+            None | Some("" | "embedded") => "embedded".to_string(),
+            Some(other) => other.to_string(),
+        };
+        let host = self.host.clone().unwrap_or_else(|| "localhost".into());
+        let port = 40_000 + (std::process::id() % 20_000);
+        let mut args = vec![
+            format!("--host={host}"),
+            format!("--port={port}"),
+            format!("--global_segment_size={}", self.segment),
+            format!("--master_server_address={master}"),
+            format!(
+                "--protocol={}",
+                self.protocol.clone().unwrap_or_else(|| "tcp".into())
+            ),
+            format!("--enable_offload={}", self.offload),
+        ];
+        if let Some(devices) = &self.devices {
+            args.push(format!("--device_names={devices}"));
+        }
+        if let Some(tenant) = &self.tenant {
+            args.push(format!("--tenant_id={tenant}"));
+        }
+        let mut config = RealClientConfig::from_args(args).map_err(|e| e.to_string())?;
+        config.socket = None;
+        Ok(config)
+    }
+}
