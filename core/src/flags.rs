@@ -41,6 +41,8 @@ pub enum Source {
     Flag,
     /// An environment variable.
     Env(&'static str),
+    /// A configuration file.
+    File,
     /// The built-in default.
     Default,
 }
@@ -80,6 +82,7 @@ pub struct ParsedFlags {
     specs: &'static [FlagSpec],
     given: HashMap<&'static str, String>,
     env: HashMap<&'static str, String>,
+    file: HashMap<&'static str, String>,
 }
 
 /// Parses a boolean the way gflags does.
@@ -149,7 +152,12 @@ pub fn parse(
         .iter()
         .filter_map(|s| s.env.and_then(|var| env(var).map(|v| (s.name, v))))
         .collect();
-    Ok(ParsedFlags { specs, given, env })
+    Ok(ParsedFlags {
+        specs,
+        given,
+        env,
+        file: HashMap::new(),
+    })
 }
 
 /// The `--help` text for a set of flags.
@@ -183,10 +191,34 @@ impl ParsedFlags {
         if let Some(v) = self.given.get(spec.name) {
             return Some((v, Source::Flag));
         }
+        if let Some(v) = self.file.get(spec.name) {
+            return Some((v, Source::File));
+        }
         if let (Some(v), Some(var)) = (self.env.get(spec.name), spec.env) {
             return Some((v, Source::Env(var)));
         }
         spec.default.map(|d| (d, Source::Default))
+    }
+
+    /// Adds values from a configuration file (`key → value`, keys named like the flags,
+    /// `aliases` mapping other spellings to flag names); a flag given on the command
+    /// line still wins. Unknown keys are an error.
+    pub fn merge_file(
+        &mut self,
+        values: Vec<(String, String)>,
+        aliases: &[(&str, &str)],
+    ) -> Result<(), FlagError> {
+        for (key, value) in values {
+            let key = normalize(&key);
+            let name = aliases
+                .iter()
+                .find(|(alias, _)| *alias == key)
+                .map_or(key.as_str(), |(_, name)| name);
+            let spec = find(self.specs, name)
+                .ok_or_else(|| FlagError::Unknown(format!("{key} (in the configuration file)")))?;
+            self.file.insert(spec.name, value);
+        }
+        Ok(())
     }
 
     /// Whether the flag was given on the command line.
@@ -198,6 +230,7 @@ impl ParsedFlags {
         let source_name = match source {
             Source::Flag => "the command line".to_string(),
             Source::Env(var) => format!("environment variable {var}"),
+            Source::File => "the configuration file".to_string(),
             Source::Default => "the default".to_string(),
         };
         FlagError::BadValue {

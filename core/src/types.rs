@@ -97,6 +97,8 @@ pub enum ReplicaLocation {
         segment_name: String,
         /// Byte offset inside the segment.
         offset: u64,
+        /// Where the owner's transfer engine listens (empty: in the master's process).
+        endpoint: String,
     },
 }
 

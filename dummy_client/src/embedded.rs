@@ -84,14 +84,16 @@ impl DummyClient {
         local_buffer_size: u64,
     ) -> Result<Self, SetupError> {
         let threads = config.threads;
-        let client = RealClient::start(config).map_err(|e| SetupError::Embedded(e.to_string()))?;
-        let state = Arc::clone(client.state());
-        let stop = client.shutdown_handle();
         let mut builder = tokio::runtime::Builder::new_multi_thread();
         builder
             .worker_threads(if threads > 0 { threads } else { 2 })
             .thread_name("mooncake-embedded");
         let runtime = builder.enable_all().build().map_err(SetupError::Runtime)?;
+        let client = runtime
+            .block_on(RealClient::start(config))
+            .map_err(|e| SetupError::Embedded(e.to_string()))?;
+        let state = Arc::clone(client.state());
+        let stop = client.shutdown_handle();
         let handle = runtime.handle().clone();
         let thread = std::thread::Builder::new()
             .name("mooncake-embedded".into())

@@ -45,6 +45,20 @@ pub static FLAGS: &[FlagSpec] = &[
         help: "master address; `embedded` runs the master in-process",
     },
     FlagSpec {
+        name: "embedded_master_port",
+        kind: FlagKind::Value,
+        env: None,
+        default: Some("50051"),
+        help: "with the embedded master: also serve it on 127.0.0.1:<port> for other local processes (0: do not)",
+    },
+    FlagSpec {
+        name: "transfer_port",
+        kind: FlagKind::Value,
+        env: None,
+        default: Some("0"),
+        help: "TCP port of the transfer engine that peers read from and write to (0: any free port)",
+    },
+    FlagSpec {
         name: "metadata_server",
         kind: FlagKind::Value,
         env: Some("MOONCAKE_TE_META_DATA_SERVER"),
@@ -142,6 +156,12 @@ pub struct RealClientConfig {
     pub threads: usize,
     /// Tenant id.
     pub tenant_id: String,
+    /// Address of a standalone master (`host:port`); `None` runs the master in-process.
+    pub master_address: Option<String>,
+    /// Loopback port on which the embedded master is also served (0: not served).
+    pub embedded_master_port: u16,
+    /// Port of the transfer engine (0: any free port).
+    pub transfer_port: u16,
     /// Settings of the embedded master.
     pub master: MasterConfig,
     /// Log filter.
@@ -203,15 +223,8 @@ impl RealClientConfig {
                 "must be larger than zero (e.g. 4GB)",
             ));
         }
-        let master_address = flags.string("master_server_address").unwrap_or_default();
-        if master_address != "embedded" {
-            return Err(invalid(
-                "master_server_address",
-                format!(
-                    "{master_address:?}: only `embedded` is supported by this build; a standalone master is not available yet"
-                ),
-            ));
-        }
+        let master_address =
+            parse_master_address(&flags.string("master_server_address").unwrap_or_default())?;
         let protocol = flags.string("protocol").unwrap_or_default();
         if protocol != "tcp" {
             return Err(invalid(
@@ -254,6 +267,9 @@ impl RealClientConfig {
             tenant_id: flags
                 .string("tenant_id")
                 .unwrap_or_else(|| "default".into()),
+            master_address,
+            embedded_master_port: flags.number("embedded_master_port")?.unwrap_or(0),
+            transfer_port: flags.number("transfer_port")?.unwrap_or(0),
             master: MasterConfig {
                 default_kv_lease_ttl: lease,
                 ..MasterConfig::default()
@@ -265,6 +281,49 @@ impl RealClientConfig {
     /// The name of this node's global segment.
     pub fn segment_name(&self) -> String {
         format!("{}:{}", self.host, self.port)
+    }
+
+    /// The host peers use to reach this node: `--host`, or loopback when `--host` is
+    /// the wildcard address (set `--host` on a real cluster).
+    pub fn advertised_host(&self) -> String {
+        match self.host.as_str() {
+            "0.0.0.0" | "::" | "" => "127.0.0.1".to_string(),
+            host => host.to_string(),
+        }
+    }
+
+    /// Where the transfer engine listens.
+    pub fn transfer_bind(&self) -> std::net::SocketAddr {
+        let ip: std::net::IpAddr = self
+            .host
+            .parse()
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        std::net::SocketAddr::new(ip, self.transfer_port)
+    }
+}
+
+/// `None` for the embedded master, else a checked `host:port`.
+fn parse_master_address(text: &str) -> Result<Option<String>, ConfigError> {
+    let text = text.trim();
+    if text.is_empty() || text == "embedded" {
+        return Ok(None);
+    }
+    if text.starts_with("etcd://") {
+        return Err(invalid(
+            "master_server_address",
+            format!(
+                "{text:?}: high availability through etcd is not available in this build; give the master's host:port"
+            ),
+        ));
+    }
+    match text.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {
+            Ok(Some(text.to_string()))
+        }
+        _ => Err(invalid(
+            "master_server_address",
+            format!("{text:?}: expected host:port (e.g. 10.0.0.1:50051) or embedded"),
+        )),
     }
 }
 
@@ -324,7 +383,8 @@ mod tests {
             &["--port=0"],
             &["--allowed_uids=root"],
             &["--default_kv_lease_ttl=0"],
-            &["--master_server_address=10.0.0.1:50051"],
+            &["--master_server_address=10.0.0.1"],
+            &["--master_server_address=etcd://a:2379"],
             &["--log_level=infoo"],
         ] {
             assert!(config(args).is_err(), "{args:?}");

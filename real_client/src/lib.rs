@@ -19,25 +19,34 @@
 pub mod config;
 pub mod handshake;
 pub mod in_process;
+mod liveness;
+pub mod master_link;
 pub mod rpc;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod transfer;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::watch;
 
-use mooncake_core::master::{Clock, MasterService};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use mooncake_core::master::daemon::RunningMaster;
+use mooncake_core::master::{Clock, LOCAL_OWNER, MasterService};
 use mooncake_core::units::format_size;
 use mooncake_shm::SharedMemory;
 use mooncake_shm::shared_memory::PageSize;
 
 pub use config::{ConfigError, RealClientConfig};
 use handshake::ServerIdentity;
+use master_link::{MasterLink, RemoteMaster};
 use server::{BindError, ServerState};
-use store::{LocalSegment, Store};
+use store::Store;
+use transfer::TransferServer;
+use transfer::server::ServedSegment;
 
 /// Why the real client could not start.
 #[derive(Debug, thiserror::Error)]
@@ -53,9 +62,14 @@ pub enum StartError {
         /// The cause.
         source: mooncake_shm::ShmError,
     },
-    /// The master refused the segment.
-    #[error("the master refused to mount the global segment: {0}")]
+    /// The master refused the segment (or could not be reached).
+    #[error(
+        "the master refused to mount the global segment: {0}; check --master_server_address and that mooncake_master runs"
+    )]
     Mount(mooncake_core::ErrorCode),
+    /// The transfer engine's port could not be bound.
+    #[error("cannot start the transfer engine: {0}; check --host and --transfer_port")]
+    Transfer(std::io::Error),
 }
 
 /// A started real client: its state and the handle to stop it.
@@ -65,6 +79,22 @@ pub struct RealClient {
     shutdown: watch::Sender<bool>,
     listener: Option<std::os::unix::net::UnixListener>,
     config: RealClientConfig,
+    /// The embedded master's TCP server and maintenance (embedded mode only).
+    embedded_master: Option<EmbeddedMaster>,
+    /// Serves peers' reads and writes into our segment.
+    _transfer: TransferServer,
+    /// Our id at the master.
+    client_id: u128,
+    /// Where peers reach our transfer engine.
+    endpoint: String,
+}
+
+/// The embedded master's background work.
+#[derive(Debug)]
+struct EmbeddedMaster {
+    running: Option<RunningMaster>,
+    maintenance: tokio::task::JoinHandle<()>,
+    stop: watch::Sender<bool>,
 }
 
 /// A random 128-bit id (instance ids, task ids).
@@ -80,19 +110,65 @@ pub fn random_id() -> u128 {
     u128::from_le_bytes(bytes)
 }
 
+/// Starts the embedded master: its maintenance loop, and (when a port is set) its TCP
+/// server on loopback so other local processes can use it too.
+async fn start_embedded_master(
+    config: &RealClientConfig,
+    master: &Arc<MasterService>,
+    master_id: u128,
+) -> EmbeddedMaster {
+    let (stop, _) = watch::channel(false);
+    let maintenance = tokio::spawn(mooncake_core::master::server::maintain(
+        Arc::clone(master),
+        stop.subscribe(),
+    ));
+    let running = match config.embedded_master_port {
+        0 => None,
+        port => {
+            let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            match RunningMaster::start(Arc::clone(master), address, master_id).await {
+                Ok(running) => Some(running),
+                Err(error) => {
+                    tracing::warn!(%error, "the embedded master is not reachable over TCP (only this process uses it)");
+                    None
+                }
+            }
+        }
+    };
+    EmbeddedMaster {
+        running,
+        maintenance,
+        stop,
+    }
+}
+
 impl RealClient {
-    /// Allocates and mounts the segment and binds the socket; serving starts with
-    /// [`serve`](Self::serve).
-    pub fn start(config: RealClientConfig) -> Result<Self, StartError> {
+    /// Allocates and mounts the segment, starts the transfer engine and binds the
+    /// socket; serving dummies starts with [`serve`](Self::serve). Must run inside a
+    /// multi-threaded tokio runtime.
+    pub async fn start(config: RealClientConfig) -> Result<Self, StartError> {
         let started = Instant::now();
         // Bind first: a second instance on the same socket must fail before it
         // allocates gigabytes of segment.
         let listener = config.socket.as_ref().map(server::bind).transpose()?;
-        let master = Arc::new(MasterService::new(config.master.clone(), Clock::System));
-        let memory = SharedMemory::create(
+        let instance_id = random_id();
+        let (master, embedded_master, client_id) = match &config.master_address {
+            None => {
+                let master = Arc::new(MasterService::new(config.master.clone(), Clock::System));
+                let embedded = start_embedded_master(&config, &master, instance_id).await;
+                (MasterLink::Embedded(master), Some(embedded), LOCAL_OWNER)
+            }
+            Some(address) => (
+                MasterLink::Remote(Arc::new(RemoteMaster::new(address.clone()))),
+                None,
+                instance_id,
+            ),
+        };
+        let memory = SharedMemory::create_populated(
             "mooncake_segment",
             config.global_segment_size,
             PageSize::from_env(),
+            false,
         )
         .map_err(|source| StartError::Segment {
             size: format_size(config.global_segment_size),
@@ -100,17 +176,31 @@ impl RealClient {
         })?;
         let memory = Arc::new(memory);
         prefault_in_background(Arc::clone(&memory));
+        let served = Arc::new(ServedSegment {
+            memory,
+            id: AtomicU64::new(0),
+        });
+        let transfer = TransferServer::start(config.transfer_bind(), Arc::clone(&served))
+            .map_err(StartError::Transfer)?;
+        let endpoint = format!("{}:{}", config.advertised_host(), transfer.address().port());
         let segment_name = config.segment_name();
         let id = master
-            .mount_segment(&segment_name, memory.len() as u64)
+            .mount_segment(
+                client_id,
+                &segment_name,
+                served.memory.len() as u64,
+                &endpoint,
+            )
+            .await
             .map_err(StartError::Mount)?;
+        served.id.store(id, Ordering::Release);
         let state = Arc::new(ServerState {
             identity: ServerIdentity {
-                instance_id: random_id(),
+                instance_id,
                 segment_name,
                 max_mapped_bytes: config.max_dummy_shm_size,
             },
-            store: Store::new(master, LocalSegment { memory, id }),
+            store: Store::new(master, served),
             sessions: Default::default(),
             allowed_uids: config.allowed_uids.clone(),
             started,
@@ -121,6 +211,10 @@ impl RealClient {
             shutdown,
             listener,
             config,
+            embedded_master,
+            _transfer: transfer,
+            client_id,
+            endpoint,
         })
     }
 
@@ -134,15 +228,18 @@ impl RealClient {
         self.shutdown.clone()
     }
 
-    /// Serves dummies until the shutdown handle fires, then unmounts and cleans up.
+    /// Serves dummies (and heartbeats to a remote master) until the shutdown handle
+    /// fires, then unmounts and cleans up.
     pub async fn serve(mut self) {
         let listener = self.listener.take();
         let config = &self.config;
         tracing::info!(
             socket = %config.socket.as_ref().map_or("none (in-process only)".to_string(), ToString::to_string),
             segment = %self.state.identity.segment_name,
+            transfer_endpoint = %self.endpoint,
             global_segment_size = %format_size(config.global_segment_size),
-            master = "embedded",
+            master = %config.master_address.as_deref().unwrap_or("embedded"),
+            embedded_master_tcp = ?self.embedded_master.as_ref().and_then(|m| m.running.as_ref()).map(|r| r.rpc_address),
             protocol = "tcp",
             max_dummy_shm_size = %format_size(config.max_dummy_shm_size),
             lease_ttl_ms = config.master.default_kv_lease_ttl.as_millis(),
@@ -153,6 +250,14 @@ impl RealClient {
             startup_ms = self.state.started.elapsed().as_millis(),
             "mooncake_client serving"
         );
+        let heartbeat = matches!(self.state.store.master(), MasterLink::Remote(_)).then(|| {
+            tokio::spawn(liveness::heartbeat(
+                Arc::clone(&self.state),
+                self.client_id,
+                self.endpoint.clone(),
+                self.shutdown.subscribe(),
+            ))
+        });
         let mut shutdown = self.shutdown.subscribe();
         match listener {
             Some(listener) => server::serve(listener, Arc::clone(&self.state), shutdown).await,
@@ -160,9 +265,19 @@ impl RealClient {
                 let _ = shutdown.wait_for(|stop| *stop).await;
             }
         }
+        if let Some(task) = heartbeat {
+            let _ = task.await;
+        }
         let store = &self.state.store;
-        if let Err(code) = store.master().unmount_segment(store.segment().id) {
+        if let Err(code) = store.master().unmount_client(self.client_id).await {
             tracing::warn!(%code, "unmount at shutdown failed");
+        }
+        if let Some(embedded) = self.embedded_master.take() {
+            let _ = embedded.stop.send(true);
+            let _ = embedded.maintenance.await;
+            if let Some(running) = embedded.running {
+                running.stop().await;
+            }
         }
         if let Some(mooncake_core::protocol::address::SocketAddress::Path(path)) = &config.socket {
             let _ = std::fs::remove_file(path);
@@ -187,7 +302,7 @@ pub async fn run(
     config: RealClientConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), StartError> {
-    let client = RealClient::start(config)?;
+    let client = RealClient::start(config).await?;
     let stop = client.shutdown_handle();
     let serving = tokio::spawn(client.serve());
     shutdown.await;

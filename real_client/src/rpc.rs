@@ -41,23 +41,34 @@ impl DummyHandler {
         ranges.iter().map(|r| self.translate(*r)).collect()
     }
 
-    fn put_one(&self, item: &PutItem, config: &ReplicateConfig, mode: WriteMode) -> CodeResult<()> {
+    async fn put_one(
+        &self,
+        item: &PutItem,
+        config: &ReplicateConfig,
+        mode: WriteMode,
+    ) -> CodeResult<()> {
         let store = &self.state.store;
         match &item.source {
-            PutSource::Inline(bytes) => store.put(&item.key, &Payload::Bytes(bytes), config, mode),
+            PutSource::Inline(bytes) => {
+                store
+                    .put(&item.key, &Payload::Bytes(bytes), config, mode)
+                    .await
+            }
             PutSource::Shared(ranges) => {
                 let slices = self.translate_all(ranges)?;
-                store.put(&item.key, &Payload::Slices(slices), config, mode)
+                store
+                    .put(&item.key, &Payload::Slices(slices), config, mode)
+                    .await
             }
         }
     }
 
-    fn get_one(&self, item: &GetItem) -> CodeResult<u64> {
+    async fn get_one(&self, item: &GetItem) -> CodeResult<u64> {
         let dests = self.translate_all(&item.dests)?;
-        self.state.store.get_scatter(&item.key, &dests)
+        self.state.store.get_scatter(&item.key, &dests).await
     }
 
-    fn get_ranges_one(&self, read: &RangeRead) -> Vec<CodeResult<u64>> {
+    async fn get_ranges_one(&self, read: &RangeRead) -> Vec<CodeResult<u64>> {
         let mut results: Vec<CodeResult<u64>> = vec![Ok(0); read.fragments.len()];
         let mut valid = Vec::with_capacity(read.fragments.len());
         let mut positions = Vec::with_capacity(read.fragments.len());
@@ -71,16 +82,12 @@ impl DummyHandler {
             }
         }
         if !valid.is_empty() {
-            let copied = self.state.store.get_ranges(&read.key, &valid);
+            let copied = self.state.store.get_ranges(&read.key, &valid).await;
             for (index, result) in positions.into_iter().zip(copied) {
                 results[index] = result;
             }
         }
         results
-    }
-
-    fn task_id(&self) -> u128 {
-        crate::random_id()
     }
 }
 
@@ -88,18 +95,17 @@ impl RealClientRpc for DummyHandler {
     async fn ping(self, _: Context) -> PingReply {
         PingReply {
             instance_id: self.state.identity.instance_id,
-            master_ok: true,
+            master_ok: self.state.store.master().is_reachable().await,
             segment_name: self.state.identity.segment_name.clone(),
         }
     }
 
     async fn exist(self, _: Context, keys: Vec<String>) -> Vec<CodeResult<bool>> {
-        let master = self.state.store.master();
-        keys.iter().map(|k| master.exist(k)).collect()
+        self.state.store.master().exist(keys).await
     }
 
     async fn object_size(self, _: Context, key: String) -> CodeResult<u64> {
-        self.state.store.master().object_size(&key)
+        self.state.store.master().object_size(&key).await
     }
 
     async fn put(
@@ -109,18 +115,27 @@ impl RealClientRpc for DummyHandler {
         config: ReplicateConfig,
         mode: WriteMode,
     ) -> Vec<CodeResult<()>> {
-        items
-            .iter()
-            .map(|item| self.put_one(item, &config, mode))
-            .collect()
+        let mut results = Vec::with_capacity(items.len());
+        for item in &items {
+            results.push(self.put_one(item, &config, mode).await);
+        }
+        results
     }
 
     async fn get(self, _: Context, items: Vec<GetItem>) -> Vec<CodeResult<u64>> {
-        items.iter().map(|item| self.get_one(item)).collect()
+        let mut results = Vec::with_capacity(items.len());
+        for item in &items {
+            results.push(self.get_one(item).await);
+        }
+        results
     }
 
     async fn get_ranges(self, _: Context, reads: Vec<RangeRead>) -> Vec<Vec<CodeResult<u64>>> {
-        reads.iter().map(|read| self.get_ranges_one(read)).collect()
+        let mut results = Vec::with_capacity(reads.len());
+        for read in &reads {
+            results.push(self.get_ranges_one(read).await);
+        }
+        results
     }
 
     async fn replica_desc(
@@ -128,12 +143,15 @@ impl RealClientRpc for DummyHandler {
         _: Context,
         keys: Vec<String>,
     ) -> Vec<CodeResult<Vec<ReplicaDescriptor>>> {
-        let master = self.state.store.master();
-        keys.iter().map(|k| master.replica_descriptors(k)).collect()
+        self.state.store.master().replica_desc(keys).await
     }
 
     async fn remove_by_regex(self, _: Context, pattern: String, force: bool) -> CodeResult<u64> {
-        self.state.store.master().remove_by_regex(&pattern, force)
+        self.state
+            .store
+            .master()
+            .remove_by_regex(pattern, force)
+            .await
     }
 
     async fn create_copy_task(
@@ -142,11 +160,11 @@ impl RealClientRpc for DummyHandler {
         key: String,
         targets: Vec<String>,
     ) -> CodeResult<u128> {
-        let id = self.task_id();
         self.state
             .store
             .master()
-            .create_copy_task(&key, &targets, id)
+            .create_copy_task(key, targets, crate::random_id())
+            .await
     }
 
     async fn create_move_task(
@@ -156,30 +174,30 @@ impl RealClientRpc for DummyHandler {
         source: String,
         target: String,
     ) -> CodeResult<u128> {
-        let id = self.task_id();
         self.state
             .store
             .master()
-            .create_move_task(&key, &source, &target, id)
+            .create_move_task(key, source, target, crate::random_id())
+            .await
     }
 
     async fn query_task(self, _: Context, id: u128) -> CodeResult<TaskInfo> {
-        self.state.store.master().query_task(id)
+        self.state.store.master().query_task(id).await
     }
 
     async fn get_inline(self, _: Context, key: String) -> CodeResult<ByteBuf> {
-        self.state.store.get_bytes(&key).map(ByteBuf::from)
+        self.state.store.get_bytes(&key).await.map(ByteBuf::from)
     }
 
     async fn remove(self, _: Context, keys: Vec<String>, force: bool) -> Vec<CodeResult<()>> {
-        self.state.store.master().batch_remove(&keys, force)
+        self.state.store.master().remove(keys, force).await
     }
 
     async fn remove_all(self, _: Context, force: bool) -> CodeResult<u64> {
-        Ok(self.state.store.master().remove_all(force))
+        self.state.store.master().remove_all(force).await
     }
 
     async fn status(self, _: Context) -> StatusReport {
-        self.state.status()
+        self.state.status().await
     }
 }

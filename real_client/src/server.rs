@@ -42,7 +42,7 @@ pub struct ServerState {
 
 impl ServerState {
     /// The status report served to `mooncake_cli status`.
-    pub fn status(&self) -> StatusReport {
+    pub async fn status(&self) -> StatusReport {
         let dummies = self.sessions.infos();
         StatusReport {
             instance_id: self.identity.instance_id,
@@ -51,7 +51,7 @@ impl ServerState {
             uptime_secs: self.started.elapsed().as_secs(),
             mapped_bytes: dummies.iter().map(|d| d.mapped_bytes).sum(),
             dummies,
-            master: self.store.master().stats(),
+            master: self.store.master().stats().await.unwrap_or_default(),
         }
     }
 

@@ -1,15 +1,20 @@
-//! The object store as seen from one real client: writes and reads through the master
-//! and this node's global segment. The RPC handlers and the in-process (embedded) API
-//! both call it with already-translated memory.
+//! The object store as seen from one real client: writes and reads through the master,
+//! this node's segment (memcpy) and peers' segments (the transfer engine). The RPC
+//! handlers and the in-process (embedded) API both call it with already-translated
+//! memory.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
-use mooncake_core::master::MasterService;
 use mooncake_core::protocol::rpc::WriteMode;
-use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SegmentId};
-use mooncake_shm::{MemSlice, SharedMemory};
+use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicateConfig};
+use mooncake_shm::MemSlice;
+
+use crate::master_link::MasterLink;
+use crate::transfer::TransferClient;
+use crate::transfer::server::ServedSegment;
 
 /// Bytes to write: shared-memory slices (concatenated) or ordinary memory.
 #[derive(Debug)]
@@ -30,76 +35,120 @@ impl Payload<'_> {
             Payload::Bytes(bytes) => Some(bytes.len() as u64),
         }
     }
-
-    fn copy_into(&self, dest: &MemSlice) {
-        match self {
-            Payload::Bytes(bytes) => {
-                dest.write_from(bytes);
-            }
-            Payload::Slices(slices) => {
-                let mut offset = 0u64;
-                for slice in slices {
-                    if let Some(part) = dest.sub(offset, slice.len() as u64) {
-                        slice.copy_to(&part);
-                    }
-                    offset += slice.len() as u64;
-                }
-            }
-        }
-    }
 }
 
-/// This node's global segment: its memory and its id at the master.
-#[derive(Debug)]
-pub struct LocalSegment {
-    /// The segment's memory.
-    pub memory: Arc<SharedMemory>,
-    /// Its id at the master.
-    pub id: SegmentId,
+/// Where one replica's bytes are, seen from this node.
+enum Place<'a> {
+    /// In this node's segment.
+    Local(MemSlice),
+    /// In a peer's segment.
+    Remote {
+        endpoint: &'a str,
+        segment: u64,
+        offset: u64,
+    },
 }
 
-/// Reads and writes objects through the master and the local segment.
+/// Reads and writes objects through the master, the local segment and peers.
 #[derive(Debug)]
 pub struct Store {
-    master: Arc<MasterService>,
-    segment: LocalSegment,
+    master: MasterLink,
+    segment: Arc<ServedSegment>,
+    transfers: TransferClient,
+}
+
+fn transfer_blocking<T>(work: impl FnOnce() -> T) -> T {
+    // Peer transfers are blocking socket I/O on a multi-threaded runtime: let the
+    // runtime move other tasks off this worker meanwhile.
+    tokio::task::block_in_place(work)
 }
 
 impl Store {
     /// A store over `master` with `segment` mounted.
-    pub fn new(master: Arc<MasterService>, segment: LocalSegment) -> Self {
-        Store { master, segment }
+    pub fn new(master: MasterLink, segment: Arc<ServedSegment>) -> Self {
+        Store {
+            master,
+            segment,
+            transfers: TransferClient::default(),
+        }
     }
 
     /// The master this store talks to.
-    pub fn master(&self) -> &Arc<MasterService> {
+    pub fn master(&self) -> &MasterLink {
         &self.master
     }
 
     /// The local segment.
-    pub fn segment(&self) -> &LocalSegment {
+    pub fn segment(&self) -> &Arc<ServedSegment> {
         &self.segment
     }
 
-    /// The memory of one replica, if it lives in this node's segment.
-    fn replica_memory(&self, replica: &ReplicaDescriptor) -> CodeResult<MemSlice> {
+    fn place<'a>(&self, replica: &'a ReplicaDescriptor) -> CodeResult<Place<'a>> {
         let ReplicaLocation::Memory {
-            segment, offset, ..
+            segment,
+            offset,
+            endpoint,
+            ..
         } = &replica.location;
-        if *segment != self.segment.id {
-            // Remote segments need the transfer engine (cluster mode).
+        if *segment == self.segment.id.load(Ordering::Acquire) {
+            return self
+                .segment
+                .memory
+                .slice(*offset, replica.size)
+                .map(Place::Local)
+                .ok_or(ErrorCode::INVALID_REPLICA);
+        }
+        if endpoint.is_empty() {
             return Err(ErrorCode::TRANSFER_FAIL);
         }
-        self.segment
-            .memory
-            .slice(*offset, replica.size)
-            .ok_or(ErrorCode::INVALID_REPLICA)
+        Ok(Place::Remote {
+            endpoint,
+            segment: *segment,
+            offset: *offset,
+        })
+    }
+
+    /// Copies `payload` into one replica.
+    fn write_replica(&self, replica: &ReplicaDescriptor, payload: &Payload<'_>) -> CodeResult<()> {
+        match (self.place(replica)?, payload) {
+            (Place::Local(dest), Payload::Bytes(bytes)) => {
+                dest.write_from(bytes);
+                Ok(())
+            }
+            (Place::Local(dest), Payload::Slices(slices)) => {
+                let mut offset = 0u64;
+                for slice in slices {
+                    let part = dest
+                        .sub(offset, slice.len() as u64)
+                        .ok_or(ErrorCode::INTERNAL_ERROR)?;
+                    slice.copy_to(&part);
+                    offset += slice.len() as u64;
+                }
+                Ok(())
+            }
+            (
+                Place::Remote {
+                    endpoint,
+                    segment,
+                    offset,
+                },
+                Payload::Slices(slices),
+            ) => transfer_blocking(|| {
+                let mut at = offset;
+                for slice in slices {
+                    self.transfers.write(endpoint, segment, at, slice)?;
+                    at += slice.len() as u64;
+                }
+                Ok(())
+            }),
+            (Place::Remote { .. }, Payload::Bytes(_)) => Err(ErrorCode::NOT_SUPPORTED),
+        }
     }
 
     /// Writes `payload` under `key`. With [`WriteMode::Put`] an existing key is left
     /// unchanged and reported as success (puts never overwrite); with
     /// [`WriteMode::Upsert`] it is replaced once the new bytes are complete.
-    pub fn put(
+    pub async fn put(
         &self,
         key: &str,
         payload: &Payload<'_>,
@@ -107,24 +156,33 @@ impl Store {
         mode: WriteMode,
     ) -> CodeResult<()> {
         let size = payload.total_len().ok_or(ErrorCode::INVALID_PARAMS)?;
-        let started = match mode {
-            WriteMode::Put => self.master.put_start(key, size, config),
-            WriteMode::Upsert => self.master.upsert_start(key, size, config),
-        };
-        let started = match started {
+        let started = match self.master.put_start(key, size, config, mode).await {
             Ok(started) => started,
             Err(ErrorCode::OBJECT_ALREADY_EXISTS) if mode == WriteMode::Put => return Ok(()),
             Err(code) => return Err(code),
         };
-        let written = started.replicas.iter().try_for_each(|replica| {
-            let dest = self.replica_memory(replica)?;
-            payload.copy_into(&dest);
-            Ok(())
-        });
+        let staged;
+        let payload = match payload {
+            // Bytes bound for a peer travel from a shared buffer of this process.
+            Payload::Bytes(bytes)
+                if started
+                    .replicas
+                    .iter()
+                    .any(|r| matches!(self.place(r), Ok(Place::Remote { .. }))) =>
+            {
+                staged = stage_bytes(bytes)?;
+                &Payload::Slices(vec![staged])
+            }
+            other => other,
+        };
+        let written = started
+            .replicas
+            .iter()
+            .try_for_each(|replica| self.write_replica(replica, payload));
         match written {
-            Ok(()) => self.master.put_end(key),
+            Ok(()) => self.master.put_end(key).await,
             Err(code) => {
-                let _ = self.master.put_revoke(key);
+                let _ = self.master.put_revoke(key).await;
                 Err(code)
             }
         }
@@ -132,69 +190,143 @@ impl Store {
 
     /// Copies the object into `dest`, which must be at least as large (else
     /// `BUFFER_OVERFLOW`). Returns the object size.
-    pub fn get_into(&self, key: &str, dest: &MemSlice) -> CodeResult<u64> {
-        self.get_scatter(key, std::slice::from_ref(dest))
+    pub async fn get_into(&self, key: &str, dest: &MemSlice) -> CodeResult<u64> {
+        self.get_scatter(key, std::slice::from_ref(dest)).await
     }
 
     /// Copies the object into `dests` in order (each filled before the next); together
     /// they must hold the whole object (else `BUFFER_OVERFLOW`). Returns the object size.
-    pub fn get_scatter(&self, key: &str, dests: &[MemSlice]) -> CodeResult<u64> {
-        self.read(key, |source| {
-            let size = source.len() as u64;
+    pub async fn get_scatter(&self, key: &str, dests: &[MemSlice]) -> CodeResult<u64> {
+        let pieces = |size: u64| -> CodeResult<Vec<(u64, MemSlice)>> {
             let capacity = dests.iter().map(|d| d.len() as u64).sum::<u64>();
             if capacity < size {
                 return Err(ErrorCode::BUFFER_OVERFLOW);
             }
             let mut offset = 0u64;
+            let mut pieces = Vec::with_capacity(dests.len());
             for dest in dests {
                 if offset == size {
                     break;
                 }
                 let len = (dest.len() as u64).min(size - offset);
-                let part = source.sub(offset, len).ok_or(ErrorCode::INTERNAL_ERROR)?;
-                part.copy_to(dest);
+                pieces.push((offset, dest.sub(0, len).ok_or(ErrorCode::INTERNAL_ERROR)?));
                 offset += len;
             }
-            Ok(size)
+            Ok(pieces)
+        };
+        self.read(key, pieces).await
+    }
+
+    /// Copies the whole object into a new vector.
+    pub async fn get_bytes(&self, key: &str) -> CodeResult<Vec<u8>> {
+        let buffer = parking_lot::Mutex::new(None);
+        self.read(key, |size| {
+            let staged = stage_zeroed(size)?;
+            *buffer.lock() = Some(staged.clone());
+            Ok(vec![(0, staged)])
         })
+        .await?;
+        buffer
+            .into_inner()
+            .map(|s| s.to_vec())
+            .ok_or(ErrorCode::INTERNAL_ERROR)
     }
 
     /// Copies fragments of one object under a single lease: each `(dest, src_offset)`
     /// gets `dest.len()` bytes from `src_offset`, or `INVALID_PARAMS` when that runs past
     /// the object. A missing object fails every fragment with the same code.
-    pub fn get_ranges(&self, key: &str, fragments: &[(MemSlice, u64)]) -> Vec<CodeResult<u64>> {
-        let copied = self.read(key, |source| {
-            Ok(fragments
-                .iter()
-                .map(|(dest, src_offset)| {
+    pub async fn get_ranges(
+        &self,
+        key: &str,
+        fragments: &[(MemSlice, u64)],
+    ) -> Vec<CodeResult<u64>> {
+        let verdicts = parking_lot::Mutex::new(Vec::new());
+        let result = self
+            .read(key, |size| {
+                let mut pieces = Vec::new();
+                let mut out = Vec::new();
+                for (dest, src_offset) in fragments {
+                    let fits = src_offset
+                        .checked_add(dest.len() as u64)
+                        .is_some_and(|end| end <= size);
+                    if fits {
+                        pieces.push((*src_offset, dest.clone()));
+                        out.push(Ok(dest.len() as u64));
+                    } else {
+                        out.push(Err(ErrorCode::INVALID_PARAMS));
+                    }
+                }
+                *verdicts.lock() = out;
+                Ok(pieces)
+            })
+            .await;
+        match result {
+            Ok(_) => verdicts.into_inner(),
+            Err(code) => fragments.iter().map(|_| Err(code)).collect(),
+        }
+    }
+
+    /// Finds a readable replica, asks `plan` which `(object offset, destination)`
+    /// pieces to copy given the object size, copies them (memcpy from this node's
+    /// segment, the transfer engine from a peer's), and checks that the read lease
+    /// still held when the copy finished (else the bytes may be stale:
+    /// `LEASE_EXPIRED`). Returns the object size.
+    async fn read(
+        &self,
+        key: &str,
+        plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, MemSlice)>>,
+    ) -> CodeResult<u64> {
+        let before = Instant::now();
+        let (replicas, lease) = self.master.get_replica_list(key).await?;
+        let replica = replicas
+            .iter()
+            .find(|r| matches!(self.place(r), Ok(Place::Local(_))))
+            .or_else(|| replicas.first())
+            .ok_or(ErrorCode::REPLICA_NOT_FOUND)?;
+        let size = replica.size;
+        let pieces = plan(size)?;
+        match self.place(replica)? {
+            Place::Local(source) => {
+                for (offset, dest) in &pieces {
                     let part = source
-                        .sub(*src_offset, dest.len() as u64)
+                        .sub(*offset, dest.len() as u64)
                         .ok_or(ErrorCode::INVALID_PARAMS)?;
                     part.copy_to(dest);
-                    Ok(dest.len() as u64)
+                }
+            }
+            Place::Remote {
+                endpoint,
+                segment,
+                offset,
+            } => transfer_blocking(|| {
+                pieces.iter().try_for_each(|(at, dest)| {
+                    self.transfers.read(endpoint, segment, offset + at, dest)
                 })
-                .collect::<Vec<_>>())
-        });
-        copied.unwrap_or_else(|code| fragments.iter().map(|_| Err(code)).collect())
-    }
-
-    /// Copies the whole object into a new vector.
-    pub fn get_bytes(&self, key: &str) -> CodeResult<Vec<u8>> {
-        self.read(key, |source| Ok(source.to_vec()))
-    }
-
-    /// Finds a readable replica, runs `copy` on its memory, and checks that the read
-    /// lease still held when the copy finished (else the bytes may be stale:
-    /// `LEASE_EXPIRED`).
-    fn read<T>(&self, key: &str, copy: impl FnOnce(&MemSlice) -> CodeResult<T>) -> CodeResult<T> {
-        let before = Instant::now();
-        let (replicas, lease) = self.master.get_replica_list(key)?;
-        let replica = replicas.first().ok_or(ErrorCode::REPLICA_NOT_FOUND)?;
-        let source = self.replica_memory(replica)?;
-        let value = copy(&source)?;
+            })?,
+        }
         if before.elapsed() > lease {
             return Err(ErrorCode::LEASE_EXPIRED);
         }
-        Ok(value)
+        Ok(size)
     }
+}
+
+/// A process-private shared buffer holding `bytes` (for sending ordinary memory to a
+/// peer through the same path as shared memory).
+fn stage_bytes(bytes: &[u8]) -> CodeResult<MemSlice> {
+    let slice = stage_zeroed(bytes.len() as u64)?;
+    slice.write_from(bytes);
+    Ok(slice)
+}
+
+fn stage_zeroed(len: u64) -> CodeResult<MemSlice> {
+    let memory = mooncake_shm::SharedMemory::create(
+        "mooncake_bounce",
+        len.max(1),
+        mooncake_shm::shared_memory::PageSize::Normal,
+    )
+    .map_err(|_| ErrorCode::NO_AVAILABLE_HANDLE)?;
+    Arc::new(memory)
+        .slice(0, len)
+        .ok_or(ErrorCode::INVALID_PARAMS)
 }

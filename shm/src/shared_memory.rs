@@ -300,6 +300,18 @@ impl MemSlice {
         len
     }
 
+    /// Sends the slice's bytes on a connected socket (no intermediate buffer).
+    pub fn send_to(&self, socket: &impl std::os::fd::AsRawFd) -> std::io::Result<()> {
+        // SAFETY: the slice was bounds-checked against a mapping it keeps alive.
+        unsafe { sys::send_all(socket.as_raw_fd(), self.ptr(), self.len) }
+    }
+
+    /// Fills the slice from a connected socket (no intermediate buffer).
+    pub fn recv_from(&self, socket: &impl std::os::fd::AsRawFd) -> std::io::Result<()> {
+        // SAFETY: the slice was bounds-checked against a mapping it keeps alive.
+        unsafe { sys::recv_all(socket.as_raw_fd(), self.ptr(), self.len) }
+    }
+
     /// Copies this slice into a new vector.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut out = vec![0u8; self.len];

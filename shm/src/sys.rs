@@ -26,3 +26,61 @@ pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
     // SAFETY: the caller guarantees both ranges are valid for `len` bytes.
     unsafe { std::ptr::copy(src, dst, len) }
 }
+
+/// Writes all of `ptr..ptr+len` to the socket `fd`.
+///
+/// # Safety
+/// `ptr..ptr+len` must be readable for the whole call (inside a live mapping the caller
+/// keeps alive).
+pub(crate) unsafe fn send_all(
+    fd: std::os::fd::RawFd,
+    ptr: *const u8,
+    len: usize,
+) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        // SAFETY: the caller guarantees the range is readable; `done < len`.
+        let n = unsafe { libc::send(fd, ptr.add(done).cast(), len - done, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let error = std::io::Error::last_os_error();
+            if error.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        done += n.unsigned_abs();
+    }
+    Ok(())
+}
+
+/// Fills all of `ptr..ptr+len` from the socket `fd`.
+///
+/// # Safety
+/// `ptr..ptr+len` must be writable for the whole call (inside a live mapping the caller
+/// keeps alive).
+pub(crate) unsafe fn recv_all(
+    fd: std::os::fd::RawFd,
+    ptr: *mut u8,
+    len: usize,
+) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        // SAFETY: the caller guarantees the range is writable; `done < len`.
+        let n = unsafe { libc::recv(fd, ptr.add(done).cast(), len - done, 0) };
+        if n < 0 {
+            let error = std::io::Error::last_os_error();
+            if error.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "peer closed the connection mid-transfer",
+            ));
+        }
+        done += n.unsigned_abs();
+    }
+    Ok(())
+}

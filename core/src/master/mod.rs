@@ -11,15 +11,21 @@
 //! with `OBJECT_HAS_LEASE`; space of an object removed by force while leased is held
 //! until the lease ends, so an in-flight reader never sees reused memory.
 
+mod clients;
 mod clock;
 mod config;
+pub mod daemon;
+mod eviction;
 mod objects;
 mod segments;
+pub mod server;
 mod service;
 mod tasks;
 
+pub use clients::ClientStatus;
 pub use clock::Clock;
-pub use config::MasterConfig;
+pub use config::{AllocationStrategy, MasterConfig};
+pub use eviction::{EvictionReport, MaintenanceReport};
 pub use segments::{MountedSegment, SegmentUsage};
-pub use service::{MAX_REGEX_LEN, MasterService, MasterStats, PutStarted};
+pub use service::{LOCAL_OWNER, MAX_REGEX_LEN, MasterService, MasterStats, PutStarted};
 pub use tasks::{TaskInfo, TaskKind, TaskStatus};

@@ -36,6 +36,7 @@ impl Version {
                     segment: r.segment.id,
                     segment_name: r.segment.name.clone(),
                     offset: r.allocation.offset,
+                    endpoint: r.segment.endpoint.clone(),
                 },
                 size: self.size,
                 status,
@@ -51,6 +52,9 @@ pub struct PendingWrite {
     pub version: Version,
     /// When the write began (for zombie-write cleanup).
     pub started: Instant,
+    /// Soft-pin deadline change applied when the write completes: `None` keeps the
+    /// object's pin, `Some(None)` clears it, `Some(Some(t))` pins until `t`.
+    pub soft_pin: Option<Option<Instant>>,
 }
 
 /// Metadata of one object: the readable version (if any) and a write in progress (if
@@ -64,6 +68,10 @@ pub struct ObjectEntry {
     pub pending: Option<PendingWrite>,
     /// Removal (unless forced) is refused until this instant; it doubles as the LRU stamp.
     pub lease_until: Instant,
+    /// Eviction skips the object (in its first pass) until this instant.
+    pub soft_pin_until: Option<Instant>,
+    /// Never evicted.
+    pub hard_pinned: bool,
 }
 
 impl ObjectEntry {
@@ -77,6 +85,11 @@ impl ObjectEntry {
         if until > self.lease_until {
             self.lease_until = until;
         }
+    }
+
+    /// True while a soft pin is active at `now`.
+    pub fn is_soft_pinned(&self, now: Instant) -> bool {
+        self.soft_pin_until.is_some_and(|t| t > now)
     }
 
     /// True while a read lease is active at `now`.

@@ -10,6 +10,8 @@ use crate::allocator::{Allocation, RangeAllocator};
 use crate::error::ErrorCode;
 use crate::types::SegmentId;
 
+use super::config::AllocationStrategy;
+
 /// One mounted segment: a region of a real client's memory that the master allocates in.
 #[derive(Debug)]
 pub struct MountedSegment {
@@ -17,8 +19,21 @@ pub struct MountedSegment {
     pub id: SegmentId,
     /// Human-readable name (the owner's `host:port`).
     pub name: String,
+    /// Where the owner's transfer engine listens (`host:port`; empty when the owner is
+    /// in the master's process and no transfer is needed).
+    pub endpoint: String,
+    /// The real client that owns the segment.
+    pub owner: u128,
     /// Free-space bookkeeping; one lock per segment.
     allocator: Mutex<RangeAllocator>,
+}
+
+/// A cheap 64-bit mix (splitmix64) used to randomize placement.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 /// Capacity and usage of one segment, for status reports.
@@ -32,6 +47,8 @@ pub struct SegmentUsage {
     pub capacity: u64,
     /// Allocated bytes.
     pub used: u64,
+    /// Where its owner's transfer engine listens.
+    pub endpoint: String,
 }
 
 impl MountedSegment {
@@ -55,6 +72,7 @@ impl MountedSegment {
             name: self.name.clone(),
             capacity: allocator.capacity(),
             used: allocator.used_bytes(),
+            endpoint: self.endpoint.clone(),
         }
     }
 }
@@ -67,8 +85,15 @@ pub struct SegmentTable {
 }
 
 impl SegmentTable {
-    /// Mounts a segment of `capacity` bytes named `name`; names are unique.
-    pub fn mount(&self, name: &str, capacity: u64) -> Result<SegmentId, ErrorCode> {
+    /// Mounts a segment of `capacity` bytes named `name` (names are unique), owned by
+    /// `owner` and reachable at `endpoint`.
+    pub fn mount(
+        &self,
+        name: &str,
+        capacity: u64,
+        owner: u128,
+        endpoint: &str,
+    ) -> Result<SegmentId, ErrorCode> {
         if capacity == 0 || name.is_empty() {
             return Err(ErrorCode::INVALID_PARAMS);
         }
@@ -86,6 +111,8 @@ impl SegmentTable {
             Arc::new(MountedSegment {
                 id,
                 name: name.to_string(),
+                endpoint: endpoint.to_string(),
+                owner,
                 allocator: Mutex::new(RangeAllocator::new(capacity)),
             }),
         );
@@ -111,21 +138,37 @@ impl SegmentTable {
     }
 
     /// Allocates `len` bytes on up to `count` distinct segments, trying `preferred` names
-    /// first. Returns at least one allocation or `NO_AVAILABLE_HANDLE`.
+    /// first, then the others in the order of `strategy` (`seed` randomizes the random
+    /// order). Returns at least one allocation or `NO_AVAILABLE_HANDLE`.
     pub fn allocate_replicas(
         &self,
         len: u64,
         count: usize,
         preferred: &[&str],
+        strategy: AllocationStrategy,
+        seed: u64,
     ) -> Result<Vec<(Arc<MountedSegment>, Allocation)>, ErrorCode> {
         let segments = self.segments.read();
-        let mut candidates: Vec<&Arc<MountedSegment>> = segments.values().collect();
-        candidates.sort_by_key(|s| {
+        let mut candidates: Vec<(&Arc<MountedSegment>, u64)> = segments
+            .values()
+            .map(|s| {
+                let order = match strategy {
+                    AllocationStrategy::Random => mix(seed ^ s.id),
+                    AllocationStrategy::FreeRatioFirst => {
+                        let usage = s.usage();
+                        // Lower is earlier: the used fraction, in parts per billion.
+                        usage.used.saturating_mul(1_000_000_000) / usage.capacity.max(1)
+                    }
+                };
+                (s, order)
+            })
+            .collect();
+        candidates.sort_by_key(|(s, order)| {
             let rank = preferred.iter().position(|p| *p == s.name);
-            (rank.unwrap_or(usize::MAX), s.id)
+            (rank.unwrap_or(usize::MAX), *order)
         });
         let mut chosen = Vec::with_capacity(count);
-        for segment in candidates {
+        for (segment, _) in candidates {
             if chosen.len() == count {
                 break;
             }
@@ -138,6 +181,23 @@ impl SegmentTable {
         } else {
             Ok(chosen)
         }
+    }
+
+    /// Ids of the segments owned by `owner`.
+    pub fn owned_by(&self, owner: u128) -> Vec<SegmentId> {
+        self.segments
+            .read()
+            .values()
+            .filter(|s| s.owner == owner)
+            .map(|s| s.id)
+            .collect()
+    }
+
+    /// Allocated and total bytes over all segments.
+    pub fn totals(&self) -> (u64, u64) {
+        self.usage().iter().fold((0, 0), |(used, capacity), u| {
+            (used + u.used, capacity + u.capacity)
+        })
     }
 
     /// Usage of every segment, sorted by id.

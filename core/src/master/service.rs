@@ -3,15 +3,18 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CodeResult, ErrorCode};
-use crate::types::{ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentId, validate_key};
+use crate::types::{
+    ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentId, SoftPinAction, validate_key,
+};
 
+use super::clients::{ClientStatus, ClientTable};
 use super::clock::Clock;
 use super::config::MasterConfig;
 use super::objects::{ObjectEntry, PendingWrite, StoredReplica, Version};
@@ -34,9 +37,16 @@ pub struct MasterStats {
     pub writes_in_progress: u64,
     /// Every mounted segment.
     pub segments: Vec<SegmentUsage>,
+    /// Remote real clients heartbeating.
+    pub clients: u64,
+    /// Objects evicted since start.
+    pub evicted_objects: u64,
 }
 
-type Shard = Mutex<HashMap<Box<str>, ObjectEntry>>;
+pub(super) type Shard = Mutex<HashMap<Box<str>, ObjectEntry>>;
+
+/// Owner id of segments mounted by the master's own process (never expire).
+pub const LOCAL_OWNER: u128 = 0;
 
 /// Space whose release waits for a deadline (a lease or the zombie-write timeout).
 struct DeferredFree {
@@ -46,14 +56,17 @@ struct DeferredFree {
 
 /// Object metadata, placement and leases for a cluster (or one node, embedded).
 pub struct MasterService {
-    config: MasterConfig,
-    clock: Clock,
+    pub(super) config: MasterConfig,
+    pub(super) clock: Clock,
     hasher: RandomState,
-    shards: Box<[Shard]>,
-    segments: SegmentTable,
+    pub(super) shards: Box<[Shard]>,
+    pub(super) segments: SegmentTable,
     deferred: Mutex<Vec<DeferredFree>>,
     has_deferred: AtomicBool,
     tasks: TaskTable,
+    pub(super) clients: ClientTable,
+    pub(super) evicted_objects: AtomicU64,
+    placement_seed: AtomicU64,
 }
 
 impl std::fmt::Debug for MasterService {
@@ -79,6 +92,9 @@ impl MasterService {
             deferred: Mutex::new(Vec::new()),
             has_deferred: AtomicBool::new(false),
             tasks: TaskTable::default(),
+            clients: ClientTable::default(),
+            evicted_objects: AtomicU64::new(0),
+            placement_seed: AtomicU64::new(0),
         }
     }
 
@@ -102,11 +118,35 @@ impl MasterService {
         validate_key(key, self.config.max_key_len)
     }
 
-    /// Mounts a segment of `capacity` bytes; its name must be unique.
-    pub fn mount_segment(&self, name: &str, capacity: u64) -> CodeResult<SegmentId> {
-        let id = self.segments.mount(name, capacity)?;
-        tracing::info!(segment = name, id, capacity, "segment mounted");
+    /// Mounts a segment of `capacity` bytes (its name must be unique) owned by real
+    /// client `owner` ([`LOCAL_OWNER`] for this process), whose transfer engine listens
+    /// at `endpoint`. A remote owner is then expected to heartbeat.
+    pub fn mount_segment(
+        &self,
+        name: &str,
+        capacity: u64,
+        owner: u128,
+        endpoint: &str,
+    ) -> CodeResult<SegmentId> {
+        let id = self.segments.mount(name, capacity, owner, endpoint)?;
+        if owner != LOCAL_OWNER {
+            self.clients.touch(owner, self.clock.now());
+        }
+        tracing::info!(segment = name, id, capacity, endpoint, "segment mounted");
         Ok(id)
+    }
+
+    /// Records a heartbeat of `client`; `NeedRemount` when this master does not know it.
+    pub fn heartbeat(&self, client: u128) -> ClientStatus {
+        self.clients.heartbeat(client, self.clock.now())
+    }
+
+    /// Unmounts every segment of `client` (it exited or stopped heartbeating).
+    pub fn remove_client(&self, client: u128) {
+        self.clients.remove(client);
+        for id in self.segments.owned_by(client) {
+            let _ = self.unmount_segment(id);
+        }
     }
 
     /// Unmounts a segment and drops every replica it held; objects left without a
@@ -183,60 +223,142 @@ impl MasterService {
             return Err(ErrorCode::INVALID_PARAMS);
         }
         let now = self.clock.now();
+        let soft_pin = self.soft_pin_change(config, now)?;
         self.release_deferred(now);
+        // Check before allocating (cheap refusal), and again after: eviction may have
+        // run in between without the shard lock held.
+        self.check_writable(&mut self.shard(key).lock(), key, now, overwrite)?;
+        let replicas = self.allocate_with_eviction(size, config)?;
         let mut shard = self.shard(key).lock();
-        if let Some(existing) = shard.get_mut(key) {
-            if existing.is_readable() && !overwrite {
-                return Err(ErrorCode::OBJECT_ALREADY_EXISTS);
-            }
-            if let Some(pending) = &existing.pending {
-                if now.duration_since(pending.started) < self.config.put_start_discard_timeout {
-                    return Err(if overwrite {
-                        ErrorCode::OBJECT_REPLICA_BUSY
-                    } else {
-                        ErrorCode::OBJECT_ALREADY_EXISTS
-                    });
-                }
-                tracing::warn!(
-                    key,
-                    "discarding a write left unfinished past the discard timeout"
-                );
-                if let Some(stale) = existing.pending.take() {
-                    self.defer_free(
-                        stale.version.replicas,
-                        now + self.config.put_start_release_timeout,
-                    );
-                }
-            }
+        if let Err(code) = self.check_writable(&mut shard, key, now, overwrite) {
+            free_now(replicas);
+            return Err(code);
         }
-        let count = usize::try_from(config.replica_num).unwrap_or(usize::MAX);
-        let allocated = self
-            .segments
-            .allocate_replicas(size, count, &config.preferred())?;
-        let version = Version {
-            size,
-            replicas: allocated
-                .into_iter()
-                .map(|(segment, allocation)| StoredReplica {
-                    segment,
-                    allocation,
-                })
-                .collect(),
-        };
-        let replicas = version.descriptors(ReplicaStatus::Processing);
+        let version = Version { size, replicas };
+        let descriptors = version.descriptors(ReplicaStatus::Processing);
         let pending = PendingWrite {
             version,
             started: now,
+            soft_pin,
         };
-        shard
-            .entry(key.into())
-            .or_insert_with(|| ObjectEntry {
-                readable: None,
-                pending: None,
-                lease_until: now,
+        let entry = shard.entry(key.into()).or_insert_with(|| ObjectEntry {
+            readable: None,
+            pending: None,
+            lease_until: now,
+            soft_pin_until: None,
+            hard_pinned: false,
+        });
+        entry.hard_pinned |= config.with_hard_pin;
+        entry.pending = Some(pending);
+        Ok(PutStarted {
+            replicas: descriptors,
+        })
+    }
+
+    /// Refuses a write that would overwrite (for a put) or race another writer, and
+    /// discards a write left unfinished past the discard timeout.
+    fn check_writable(
+        &self,
+        shard: &mut HashMap<Box<str>, ObjectEntry>,
+        key: &str,
+        now: Instant,
+        overwrite: bool,
+    ) -> CodeResult<()> {
+        let Some(existing) = shard.get_mut(key) else {
+            return Ok(());
+        };
+        if existing.is_readable() && !overwrite {
+            return Err(ErrorCode::OBJECT_ALREADY_EXISTS);
+        }
+        if let Some(pending) = &existing.pending {
+            if now.duration_since(pending.started) < self.config.put_start_discard_timeout {
+                return Err(if overwrite {
+                    ErrorCode::OBJECT_REPLICA_BUSY
+                } else {
+                    ErrorCode::OBJECT_ALREADY_EXISTS
+                });
+            }
+            tracing::warn!(
+                key,
+                "discarding a write left unfinished past the discard timeout"
+            );
+            if let Some(stale) = existing.pending.take() {
+                self.defer_free(
+                    stale.version.replicas,
+                    now + self.config.put_start_release_timeout,
+                );
+            }
+            if !existing.is_readable() {
+                shard.remove(key);
+            }
+        }
+        Ok(())
+    }
+
+    /// The soft-pin change a write asks for, validated against the limits.
+    fn soft_pin_change(
+        &self,
+        config: &ReplicateConfig,
+        now: Instant,
+    ) -> CodeResult<Option<Option<Instant>>> {
+        Ok(match config.soft_pin_action {
+            SoftPinAction::Preserve => None,
+            SoftPinAction::Disable => Some(None),
+            SoftPinAction::Enable => {
+                let ttl = config
+                    .soft_pin_ttl_ms
+                    .map_or(self.config.default_kv_soft_pin_ttl, Duration::from_millis);
+                if ttl > self.config.max_kv_soft_pin_ttl {
+                    return Err(ErrorCode::INVALID_PARAMS);
+                }
+                Some((!ttl.is_zero()).then(|| now + ttl))
+            }
+        })
+    }
+
+    /// Allocates the replicas of a new version; when memory is full, evicts and tries
+    /// once more.
+    fn allocate_with_eviction(
+        &self,
+        size: u64,
+        config: &ReplicateConfig,
+    ) -> CodeResult<Vec<StoredReplica>> {
+        let count = usize::try_from(config.replica_num).unwrap_or(usize::MAX);
+        let preferred = config.preferred();
+        let attempt = || {
+            let seed = self.placement_seed.fetch_add(1, Ordering::Relaxed);
+            self.segments.allocate_replicas(
+                size,
+                count,
+                &preferred,
+                self.config.allocation_strategy,
+                seed,
+            )
+        };
+        let allocated = match attempt() {
+            Ok(allocated) => allocated,
+            Err(ErrorCode::NO_AVAILABLE_HANDLE) => {
+                let (_, capacity) = self.segments.totals();
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    clippy::cast_precision_loss,
+                    reason = "a byte target from a ratio"
+                )]
+                let ratio_bytes = (capacity as f64 * self.config.eviction_ratio) as u64;
+                let wanted = size.saturating_mul(count as u64).max(ratio_bytes);
+                self.evict(wanted);
+                attempt()?
+            }
+            Err(code) => return Err(code),
+        };
+        Ok(allocated
+            .into_iter()
+            .map(|(segment, allocation)| StoredReplica {
+                segment,
+                allocation,
             })
-            .pending = Some(pending);
-        Ok(PutStarted { replicas })
+            .collect())
     }
 
     /// Completes a write: the new version becomes readable (an upsert's old version is
@@ -246,6 +368,9 @@ impl MasterService {
         let mut shard = self.shard(key).lock();
         let entry = shard.get_mut(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
         let pending = entry.pending.take().ok_or(ErrorCode::INVALID_WRITE)?;
+        if let Some(pin) = pending.soft_pin {
+            entry.soft_pin_until = pin;
+        }
         if let Some(old) = entry.readable.replace(pending.version) {
             let release_at = entry.lease_until.max(now);
             self.defer_or_free(old.replicas, release_at, now);
@@ -446,6 +571,8 @@ impl MasterService {
     pub fn stats(&self) -> MasterStats {
         let mut stats = MasterStats {
             segments: self.segments.usage(),
+            clients: self.clients.count() as u64,
+            evicted_objects: self.evicted_objects.load(Ordering::Relaxed),
             ..MasterStats::default()
         };
         for shard in self.shards.iter() {
@@ -482,7 +609,7 @@ impl MasterService {
         }
     }
 
-    fn defer_free(&self, replicas: Vec<StoredReplica>, release_at: Instant) {
+    pub(super) fn defer_free(&self, replicas: Vec<StoredReplica>, release_at: Instant) {
         let mut deferred = self.deferred.lock();
         deferred.extend(replicas.into_iter().map(|replica| DeferredFree {
             release_at,
@@ -491,7 +618,7 @@ impl MasterService {
         self.has_deferred.store(true, Ordering::Release);
     }
 
-    fn release_deferred(&self, now: Instant) {
+    pub(super) fn release_deferred(&self, now: Instant) {
         if !self.has_deferred.load(Ordering::Acquire) {
             return;
         }
@@ -527,7 +654,7 @@ fn compile_regex(pattern: &str) -> CodeResult<regex::Regex> {
         .map_err(|_| ErrorCode::INVALID_PARAMS)
 }
 
-fn free_now(replicas: Vec<StoredReplica>) {
+pub(super) fn free_now(replicas: Vec<StoredReplica>) {
     for StoredReplica {
         segment,
         allocation,

@@ -41,11 +41,13 @@ impl<In: for<'de> Deserialize<'de>, Out> tokio_serde::Deserializer<In> for Postc
     }
 }
 
-/// Wraps a connected stream into a tarpc transport that reads `In` and writes `Out`.
-pub fn transport<In, Out>(
-    stream: tokio::net::UnixStream,
-) -> tarpc::serde_transport::Transport<tokio::net::UnixStream, In, Out, PostcardCodec<In, Out>>
+/// Wraps a connected stream (Unix or TCP) into a tarpc transport that reads `In` and
+/// writes `Out`.
+pub fn transport<S, In, Out>(
+    stream: S,
+) -> tarpc::serde_transport::Transport<S, In, Out, PostcardCodec<In, Out>>
 where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite,
     In: for<'de> Deserialize<'de>,
     Out: Serialize,
 {

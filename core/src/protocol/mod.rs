@@ -8,6 +8,7 @@
 pub mod address;
 pub mod codec;
 pub mod handshake;
+pub mod master_rpc;
 pub mod rpc;
 
 /// Version of the dummy ↔ real protocol; both sides must agree exactly.

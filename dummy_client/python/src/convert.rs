@@ -40,11 +40,13 @@ pub fn descriptor<'py>(
         segment,
         segment_name,
         offset,
+        endpoint,
     } = &replica.location;
     dict.set_item("type", "memory")?;
     dict.set_item("segment_name", segment_name)?;
     dict.set_item("segment_id", segment)?;
     dict.set_item("offset", offset)?;
+    dict.set_item("endpoint", endpoint)?;
     dict.set_item("size", replica.size)?;
     let status = match replica.status {
         ReplicaStatus::Processing => "processing",

@@ -1,11 +1,12 @@
 use super::*;
-use crate::master::{MAX_REGEX_LEN, TaskStatus};
+use crate::master::{ClientStatus, LOCAL_OWNER, MAX_REGEX_LEN, TaskStatus};
+use crate::types::SoftPinAction;
 
 fn master(capacity: u64) -> (MasterService, Clock) {
     let clock = Clock::manual();
     let master = MasterService::new(MasterConfig::default(), clock.clone());
     master
-        .mount_segment("node-a:50052", capacity)
+        .mount_segment("node-a:50052", capacity, LOCAL_OWNER, "")
         .expect("mount");
     (master, clock)
 }
@@ -171,7 +172,7 @@ fn invalid_input() {
         Err(ErrorCode::INVALID_PARAMS)
     );
     assert_eq!(
-        master.mount_segment("node-a:50052", 10),
+        master.mount_segment("node-a:50052", 10, LOCAL_OWNER, ""),
         Err(ErrorCode::SEGMENT_ALREADY_EXISTS)
     );
 }
@@ -279,4 +280,124 @@ fn tasks_are_validated_at_creation() {
         Err(ErrorCode::REPLICA_NOT_FOUND)
     );
     assert_eq!(master.query_task(8), Err(ErrorCode::TASK_NOT_FOUND));
+}
+
+#[test]
+fn eviction_takes_unpinned_unleased_objects_oldest_first() {
+    let (master, clock) = master(10 * 1024);
+    let hard = ReplicateConfig {
+        with_hard_pin: true,
+        ..ReplicateConfig::default()
+    };
+    master.put_start("pinned", 1024, &hard).expect("start");
+    master.put_end("pinned").expect("end");
+    for i in 0..8 {
+        put(&master, &format!("k{i}"), 1024).expect("put");
+        clock.advance(Duration::from_millis(1));
+    }
+    master.get_replica_list("k7").expect("lease k7");
+    clock.advance(Duration::from_millis(1));
+    // Full: a new put evicts the oldest unleased, unpinned objects.
+    put(&master, "new", 2048).expect("eviction makes room");
+    assert_eq!(master.exist("pinned"), Ok(true));
+    assert_eq!(master.exist("k7"), Ok(true), "leased object kept");
+    assert_eq!(
+        master.object_size("k0"),
+        Err(ErrorCode::OBJECT_NOT_FOUND),
+        "oldest evicted"
+    );
+    assert_eq!(master.stats().evicted_objects, 2);
+}
+
+#[test]
+fn full_of_pinned_data_is_no_available_handle() {
+    let (master, _) = master(4096);
+    let hard = ReplicateConfig {
+        with_hard_pin: true,
+        ..ReplicateConfig::default()
+    };
+    master.put_start("a", 4096, &hard).expect("start");
+    master.put_end("a").expect("end");
+    assert_eq!(put(&master, "b", 64), Err(ErrorCode::NO_AVAILABLE_HANDLE));
+}
+
+#[test]
+fn soft_pin_is_second_pass_and_ttl_is_bounded() {
+    let (master, clock) = master(2048);
+    let soft = ReplicateConfig {
+        soft_pin_action: SoftPinAction::Enable,
+        ..ReplicateConfig::default()
+    };
+    master.put_start("soft", 1024, &soft).expect("start");
+    master.put_end("soft").expect("end");
+    put(&master, "plain", 1024).expect("put");
+    clock.advance(Duration::from_millis(1));
+    put(&master, "next", 1024).expect("evicts plain first");
+    assert_eq!(master.exist("soft"), Ok(true));
+    assert_eq!(master.exist("plain"), Ok(false));
+    let too_long = ReplicateConfig {
+        soft_pin_action: SoftPinAction::Enable,
+        soft_pin_ttl_ms: Some(25 * 3600 * 1000),
+        ..ReplicateConfig::default()
+    };
+    assert_eq!(
+        master.put_start("x", 1, &too_long).map(|_| ()),
+        Err(ErrorCode::INVALID_PARAMS)
+    );
+}
+
+#[test]
+fn silent_clients_lose_their_segments() {
+    let (master, clock) = master(4096);
+    let remote = 42u128;
+    master
+        .mount_segment("node-b:1", 4096, remote, "127.0.0.1:9")
+        .expect("mount");
+    assert_eq!(master.heartbeat(remote), ClientStatus::Ok);
+    assert_eq!(master.heartbeat(7), ClientStatus::NeedRemount);
+    let only_b = ReplicateConfig {
+        preferred_segment: "node-b:1".into(),
+        ..ReplicateConfig::default()
+    };
+    master.put_start("on-b", 100, &only_b).expect("start");
+    master.put_end("on-b").expect("end");
+    clock.advance(Duration::from_secs(5));
+    assert!(master.maintenance().dead_clients.is_empty());
+    clock.advance(Duration::from_secs(6));
+    assert_eq!(master.maintenance().dead_clients, vec![remote]);
+    assert_eq!(master.exist("on-b"), Ok(false));
+    assert_eq!(master.stats().segments.len(), 1);
+    assert_eq!(master.heartbeat(remote), ClientStatus::NeedRemount);
+}
+
+#[test]
+fn watermark_maintenance_evicts_down_below_the_mark() {
+    let (master, clock) = master(100 * 1024);
+    for i in 0..95 {
+        put(&master, &format!("k{i}"), 1024).expect("put");
+    }
+    clock.advance(Duration::from_millis(1));
+    let report = master.maintenance();
+    assert!(report.eviction.objects >= 10, "{report:?}");
+    let usage = &master.stats().segments[0];
+    assert!(usage.used <= 85 * 1024, "{usage:?}");
+}
+
+#[test]
+fn replica_num_spreads_over_distinct_segments() {
+    let (master, _) = master(1 << 20);
+    master
+        .mount_segment("node-b:1", 1 << 20, LOCAL_OWNER, "")
+        .expect("mount");
+    let two = ReplicateConfig {
+        replica_num: 2,
+        ..ReplicateConfig::default()
+    };
+    let started = master.put_start("k", 10, &two).expect("start");
+    let names: std::collections::HashSet<_> = started
+        .replicas
+        .iter()
+        .map(|r| r.location.segment_name().to_string())
+        .collect();
+    assert_eq!(names.len(), 2);
 }

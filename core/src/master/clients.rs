@@ -1,0 +1,69 @@
+//! Liveness of the real clients that own segments.
+//!
+//! A real client announces itself by mounting a segment and then heartbeats. One that
+//! stays silent for `client_ttl` is declared dead and its segments are unmounted. A
+//! heartbeat from a client the master does not know (the master restarted) is answered
+//! with `NeedRemount`, and the client mounts its segments again.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+/// What a heartbeat tells the real client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientStatus {
+    /// Known and alive.
+    Ok,
+    /// Unknown to this master: mount your segments again.
+    NeedRemount,
+}
+
+/// Last heartbeat of every remote real client.
+#[derive(Debug, Default)]
+pub struct ClientTable {
+    last_seen: Mutex<HashMap<u128, Instant>>,
+}
+
+impl ClientTable {
+    /// Records that `client` is alive at `now`.
+    pub fn touch(&self, client: u128, now: Instant) {
+        self.last_seen.lock().insert(client, now);
+    }
+
+    /// Heartbeat: refreshes a known client, or asks an unknown one to remount.
+    pub fn heartbeat(&self, client: u128, now: Instant) -> ClientStatus {
+        match self.last_seen.lock().get_mut(&client) {
+            Some(seen) => {
+                *seen = now;
+                ClientStatus::Ok
+            }
+            None => ClientStatus::NeedRemount,
+        }
+    }
+
+    /// Forgets a client (clean shutdown).
+    pub fn remove(&self, client: u128) {
+        self.last_seen.lock().remove(&client);
+    }
+
+    /// Removes and returns the clients silent for longer than `ttl`.
+    pub fn take_expired(&self, now: Instant, ttl: Duration) -> Vec<u128> {
+        let mut last_seen = self.last_seen.lock();
+        let expired: Vec<u128> = last_seen
+            .iter()
+            .filter(|(_, seen)| now.duration_since(**seen) > ttl)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &expired {
+            last_seen.remove(id);
+        }
+        expired
+    }
+
+    /// Number of live clients.
+    pub fn count(&self) -> usize {
+        self.last_seen.lock().len()
+    }
+}

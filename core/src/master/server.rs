@@ -1,0 +1,206 @@
+//! Serving the master over TCP (tarpc + postcard), and its maintenance loop.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tarpc::context::Context;
+use tarpc::server::{BaseChannel, Channel};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::error::{CodeResult, ErrorCode};
+use crate::protocol::codec;
+use crate::protocol::master_rpc::{MASTER_PROTOCOL_VERSION, MasterHello, MasterRpc};
+use crate::protocol::rpc::WriteMode;
+use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
+
+use super::{ClientStatus, MasterService, MasterStats, PutStarted, TaskInfo};
+
+/// How often maintenance (liveness, eviction, expired holds) runs.
+pub const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Serves one connection's requests against the shared master.
+#[derive(Clone, Debug)]
+pub struct MasterHandler {
+    /// The master.
+    pub master: Arc<MasterService>,
+    /// Random id of this master process.
+    pub master_id: u128,
+}
+
+impl MasterRpc for MasterHandler {
+    async fn hello(self, _: Context, version: u32) -> CodeResult<MasterHello> {
+        if version != MASTER_PROTOCOL_VERSION {
+            return Err(ErrorCode::INVALID_VERSION);
+        }
+        let lease = self.master.config().default_kv_lease_ttl;
+        Ok(MasterHello {
+            version: MASTER_PROTOCOL_VERSION,
+            master_id: self.master_id,
+            lease_ttl_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    async fn mount_segment(
+        self,
+        _: Context,
+        client: u128,
+        name: String,
+        capacity: u64,
+        endpoint: String,
+    ) -> CodeResult<SegmentId> {
+        self.master
+            .mount_segment(&name, capacity, client, &endpoint)
+    }
+
+    async fn unmount_client(self, _: Context, client: u128) -> CodeResult<()> {
+        self.master.remove_client(client);
+        Ok(())
+    }
+
+    async fn heartbeat(self, _: Context, client: u128) -> ClientStatus {
+        self.master.heartbeat(client)
+    }
+
+    async fn put_start(
+        self,
+        _: Context,
+        key: String,
+        size: u64,
+        config: ReplicateConfig,
+        mode: WriteMode,
+    ) -> CodeResult<PutStarted> {
+        match mode {
+            WriteMode::Put => self.master.put_start(&key, size, &config),
+            WriteMode::Upsert => self.master.upsert_start(&key, size, &config),
+        }
+    }
+
+    async fn put_end(self, _: Context, key: String) -> CodeResult<()> {
+        self.master.put_end(&key)
+    }
+
+    async fn put_revoke(self, _: Context, key: String) -> CodeResult<()> {
+        self.master.put_revoke(&key)
+    }
+
+    async fn get_replica_list(
+        self,
+        _: Context,
+        key: String,
+    ) -> CodeResult<(Vec<ReplicaDescriptor>, u64)> {
+        let (replicas, lease) = self.master.get_replica_list(&key)?;
+        Ok((
+            replicas,
+            u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+        ))
+    }
+
+    async fn exist(self, _: Context, keys: Vec<String>) -> Vec<CodeResult<bool>> {
+        keys.iter().map(|k| self.master.exist(k)).collect()
+    }
+
+    async fn object_size(self, _: Context, key: String) -> CodeResult<u64> {
+        self.master.object_size(&key)
+    }
+
+    async fn replica_desc(
+        self,
+        _: Context,
+        keys: Vec<String>,
+    ) -> Vec<CodeResult<Vec<ReplicaDescriptor>>> {
+        keys.iter()
+            .map(|k| self.master.replica_descriptors(k))
+            .collect()
+    }
+
+    async fn remove(self, _: Context, keys: Vec<String>, force: bool) -> Vec<CodeResult<()>> {
+        self.master.batch_remove(&keys, force)
+    }
+
+    async fn remove_by_regex(self, _: Context, pattern: String, force: bool) -> CodeResult<u64> {
+        self.master.remove_by_regex(&pattern, force)
+    }
+
+    async fn remove_all(self, _: Context, force: bool) -> u64 {
+        self.master.remove_all(force)
+    }
+
+    async fn create_copy_task(
+        self,
+        _: Context,
+        key: String,
+        targets: Vec<String>,
+        id: u128,
+    ) -> CodeResult<u128> {
+        self.master.create_copy_task(&key, &targets, id)
+    }
+
+    async fn create_move_task(
+        self,
+        _: Context,
+        key: String,
+        source: String,
+        target: String,
+        id: u128,
+    ) -> CodeResult<u128> {
+        self.master.create_move_task(&key, &source, &target, id)
+    }
+
+    async fn query_task(self, _: Context, id: u128) -> CodeResult<TaskInfo> {
+        self.master.query_task(id)
+    }
+
+    async fn stats(self, _: Context) -> MasterStats {
+        self.master.stats()
+    }
+}
+
+/// Accepts real clients on `listener` until `shutdown` turns true. A connection whose
+/// frames do not decode is closed; the others are not affected.
+pub async fn serve(
+    listener: TcpListener,
+    handler: MasterHandler,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    tracing::debug!(%peer, "master connection");
+                    let handler = handler.clone();
+                    tokio::spawn(async move {
+                        BaseChannel::with_defaults(codec::transport(stream))
+                            .execute(handler.serve())
+                            .for_each(|request| async {
+                                tokio::spawn(request);
+                            })
+                            .await;
+                    });
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "master accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = shutdown.changed() => break,
+        }
+    }
+}
+
+/// Runs [`MasterService::maintenance`] every [`MAINTENANCE_INTERVAL`] until `shutdown`.
+pub async fn maintain(master: Arc<MasterService>, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(MAINTENANCE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let master = Arc::clone(&master);
+                let _ = tokio::task::spawn_blocking(move || master.maintenance()).await;
+            }
+            _ = shutdown.changed() => break,
+        }
+    }
+}

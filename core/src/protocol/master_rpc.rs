@@ -1,0 +1,78 @@
+//! The RPC service of the master, spoken by real clients over TCP.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::CodeResult;
+use crate::master::{ClientStatus, MasterStats, PutStarted, TaskInfo};
+use crate::protocol::rpc::WriteMode;
+use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
+
+/// Version of the master protocol; clients and master must agree exactly.
+pub const MASTER_PROTOCOL_VERSION: u32 = 1;
+
+/// Answer to [`MasterRpc::hello`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MasterHello {
+    /// The master's protocol version.
+    pub version: u32,
+    /// Random id of the master process (changes when it restarts).
+    pub master_id: u128,
+    /// The master's read lease, in milliseconds.
+    pub lease_ttl_ms: u64,
+}
+
+/// Calls a real client makes to the master.
+#[tarpc::service]
+pub trait MasterRpc {
+    /// Version handshake: `INVALID_VERSION` when the versions differ.
+    async fn hello(version: u32) -> CodeResult<MasterHello>;
+    /// Mounts a segment owned by `client`, reachable at `endpoint`.
+    async fn mount_segment(
+        client: u128,
+        name: String,
+        capacity: u64,
+        endpoint: String,
+    ) -> CodeResult<SegmentId>;
+    /// Unmounts every segment of `client` (clean shutdown).
+    async fn unmount_client(client: u128) -> CodeResult<()>;
+    /// Liveness; `NeedRemount` when the master does not know the client.
+    async fn heartbeat(client: u128) -> ClientStatus;
+    /// Starts a write (put or upsert).
+    async fn put_start(
+        key: String,
+        size: u64,
+        config: ReplicateConfig,
+        mode: WriteMode,
+    ) -> CodeResult<PutStarted>;
+    /// Completes a write.
+    async fn put_end(key: String) -> CodeResult<()>;
+    /// Abandons a write.
+    async fn put_revoke(key: String) -> CodeResult<()>;
+    /// Replicas of a readable object and the lease length in ms; grants a lease.
+    async fn get_replica_list(key: String) -> CodeResult<(Vec<ReplicaDescriptor>, u64)>;
+    /// Existence per key (grants leases).
+    async fn exist(keys: Vec<String>) -> Vec<CodeResult<bool>>;
+    /// Size of an object.
+    async fn object_size(key: String) -> CodeResult<u64>;
+    /// Replica descriptors per key, without a lease.
+    async fn replica_desc(keys: Vec<String>) -> Vec<CodeResult<Vec<ReplicaDescriptor>>>;
+    /// Removes objects.
+    async fn remove(keys: Vec<String>, force: bool) -> Vec<CodeResult<()>>;
+    /// Removes objects whose key matches a regex.
+    async fn remove_by_regex(pattern: String, force: bool) -> CodeResult<u64>;
+    /// Removes every object.
+    async fn remove_all(force: bool) -> u64;
+    /// Creates a copy task.
+    async fn create_copy_task(key: String, targets: Vec<String>, id: u128) -> CodeResult<u128>;
+    /// Creates a move task.
+    async fn create_move_task(
+        key: String,
+        source: String,
+        target: String,
+        id: u128,
+    ) -> CodeResult<u128>;
+    /// The state of a task.
+    async fn query_task(id: u128) -> CodeResult<TaskInfo>;
+    /// Object counts and segment usage.
+    async fn stats() -> MasterStats;
+}

@@ -1,0 +1,65 @@
+//! Heartbeats to a remote master, and remounting when it asks (it restarted).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use mooncake_core::master::ClientStatus;
+
+use crate::server::ServerState;
+
+/// Interval between heartbeats (well below the master's default `--client_ttl` of 10 s).
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(1000);
+
+/// Heartbeats until `shutdown`; on `NeedRemount` mounts the segment again.
+pub async fn heartbeat(
+    state: Arc<ServerState>,
+    client_id: u128,
+    endpoint: String,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(HEARTBEAT_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut unreachable = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        let master = state.store.master();
+        match master.heartbeat(client_id).await {
+            Ok(ClientStatus::Ok) => {
+                if unreachable {
+                    tracing::info!("master reachable again");
+                    unreachable = false;
+                }
+            }
+            Ok(ClientStatus::NeedRemount) => {
+                let segment = state.store.segment();
+                let mounted = master
+                    .mount_segment(
+                        client_id,
+                        &state.identity.segment_name,
+                        segment.memory.len() as u64,
+                        &endpoint,
+                    )
+                    .await;
+                match mounted {
+                    Ok(id) => {
+                        segment.id.store(id, Ordering::Release);
+                        tracing::info!(segment = %state.identity.segment_name, id, "remounted the segment (the master restarted)");
+                    }
+                    Err(code) => tracing::warn!(%code, "remount failed; retrying"),
+                }
+            }
+            Err(code) => {
+                if !unreachable {
+                    tracing::warn!(%code, "master unreachable; retrying every second");
+                    unreachable = true;
+                }
+            }
+        }
+    }
+}

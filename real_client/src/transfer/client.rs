@@ -1,0 +1,122 @@
+//! Reaching peers: a pool of connections per peer endpoint.
+
+use std::collections::HashMap;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_shm::MemSlice;
+
+use super::wire::{Op, Request, read_response};
+
+/// How long connecting to a peer may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Idle connections kept per peer.
+const POOL_PER_PEER: usize = 8;
+
+/// Connections to peers' transfer servers, reused across transfers.
+#[derive(Debug, Default)]
+pub struct TransferClient {
+    idle: Mutex<HashMap<String, Vec<TcpStream>>>,
+}
+
+impl TransferClient {
+    fn checkout(&self, endpoint: &str) -> CodeResult<TcpStream> {
+        if let Some(stream) = self.idle.lock().get_mut(endpoint).and_then(Vec::pop) {
+            return Ok(stream);
+        }
+        let address = std::net::ToSocketAddrs::to_socket_addrs(endpoint)
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or(ErrorCode::TRANSFER_FAIL)?;
+        let stream = TcpStream::connect_timeout(&address, CONNECT_TIMEOUT).map_err(|error| {
+            tracing::warn!(endpoint, %error, "cannot connect to a peer's transfer engine");
+            ErrorCode::TRANSFER_FAIL
+        })?;
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+
+    fn checkin(&self, endpoint: &str, stream: TcpStream) {
+        let mut idle = self.idle.lock();
+        let pool = idle.entry(endpoint.to_string()).or_default();
+        if pool.len() < POOL_PER_PEER {
+            pool.push(stream);
+        }
+    }
+
+    /// Copies `dest.len()` bytes at `offset` of the peer's segment into `dest`.
+    pub fn read(
+        &self,
+        endpoint: &str,
+        segment: u64,
+        offset: u64,
+        dest: &MemSlice,
+    ) -> CodeResult<()> {
+        self.transfer(
+            endpoint,
+            Request {
+                op: Op::Read,
+                segment,
+                offset,
+                len: dest.len() as u64,
+            },
+            dest,
+        )
+    }
+
+    /// Copies `source` into the peer's segment at `offset`.
+    pub fn write(
+        &self,
+        endpoint: &str,
+        segment: u64,
+        offset: u64,
+        source: &MemSlice,
+    ) -> CodeResult<()> {
+        self.transfer(
+            endpoint,
+            Request {
+                op: Op::Write,
+                segment,
+                offset,
+                len: source.len() as u64,
+            },
+            source,
+        )
+    }
+
+    fn transfer(&self, endpoint: &str, request: Request, local: &MemSlice) -> CodeResult<()> {
+        let mut stream = self.checkout(endpoint)?;
+        let io = |e: std::io::Error| {
+            tracing::warn!(endpoint, error = %e, "transfer failed");
+            ErrorCode::TRANSFER_FAIL
+        };
+        std::io::Write::write_all(&mut stream, &request.encode()).map_err(io)?;
+        let status = match request.op {
+            Op::Write => {
+                local.send_to(&stream).map_err(io)?;
+                read_response(&mut stream).map_err(|_| ErrorCode::TRANSFER_FAIL)?
+            }
+            Op::Read => {
+                let status = read_response(&mut stream).map_err(|_| ErrorCode::TRANSFER_FAIL)?;
+                if status.is_ok() {
+                    local.recv_from(&stream).map_err(io)?;
+                }
+                status
+            }
+        };
+        match status {
+            Ok(len) if len == request.len => {
+                self.checkin(endpoint, stream);
+                Ok(())
+            }
+            Ok(_) => Err(ErrorCode::TRANSFER_FAIL),
+            Err(code) => {
+                self.checkin(endpoint, stream);
+                Err(code)
+            }
+        }
+    }
+}

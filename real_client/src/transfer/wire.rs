@@ -1,0 +1,163 @@
+//! Frame layout of the transfer protocol (see the module above).
+
+use std::io::{Read, Write};
+
+use mooncake_core::error::ErrorCode;
+
+/// First bytes of every request.
+pub const MAGIC: [u8; 4] = *b"MCTE";
+/// Largest single transfer accepted (1 TiB).
+pub const MAX_TRANSFER: u64 = 1 << 40;
+
+/// Direction of a transfer, seen from the requester.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Segment bytes to the requester.
+    Read = 1,
+    /// Requester bytes into the segment.
+    Write = 2,
+}
+
+/// One request header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Direction.
+    pub op: Op,
+    /// Target segment id.
+    pub segment: u64,
+    /// Offset inside it.
+    pub offset: u64,
+    /// Bytes to move.
+    pub len: u64,
+}
+
+/// Why a frame was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The socket failed.
+    #[error("transfer connection failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// Bytes that are not a transfer frame.
+    #[error("malformed transfer frame: {0}")]
+    Malformed(&'static str),
+}
+
+impl Request {
+    /// Encodes the header.
+    pub fn encode(&self) -> [u8; 32] {
+        let mut frame = [0u8; 32];
+        frame[..4].copy_from_slice(&MAGIC);
+        frame[4] = self.op as u8;
+        frame[8..16].copy_from_slice(&self.segment.to_le_bytes());
+        frame[16..24].copy_from_slice(&self.offset.to_le_bytes());
+        frame[24..32].copy_from_slice(&self.len.to_le_bytes());
+        frame
+    }
+
+    /// Decodes and checks a header.
+    pub fn decode(frame: &[u8; 32]) -> Result<Self, WireError> {
+        if frame[..4] != MAGIC {
+            return Err(WireError::Malformed("bad magic"));
+        }
+        let op = match frame[4] {
+            1 => Op::Read,
+            2 => Op::Write,
+            _ => return Err(WireError::Malformed("unknown operation")),
+        };
+        let word = |at: usize| {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(&frame[at..at + 8]);
+            u64::from_le_bytes(bytes)
+        };
+        let request = Request {
+            op,
+            segment: word(8),
+            offset: word(16),
+            len: word(24),
+        };
+        if request.len > MAX_TRANSFER {
+            return Err(WireError::Malformed("transfer larger than 1 TiB"));
+        }
+        Ok(request)
+    }
+
+    /// Reads one header.
+    pub fn read_from(stream: &mut impl Read) -> Result<Self, WireError> {
+        let mut frame = [0u8; 32];
+        stream.read_exact(&mut frame)?;
+        Self::decode(&frame)
+    }
+}
+
+/// Writes a response header.
+pub fn write_response(
+    stream: &mut impl Write,
+    status: Result<u64, ErrorCode>,
+) -> std::io::Result<()> {
+    let mut frame = [0u8; 16];
+    let (code, len) = match status {
+        Ok(len) => (0i32, len),
+        Err(code) => (code.as_i32(), 0),
+    };
+    frame[..4].copy_from_slice(&code.to_le_bytes());
+    frame[8..16].copy_from_slice(&len.to_le_bytes());
+    stream.write_all(&frame)
+}
+
+/// Reads a response header: the length on success, the peer's error code otherwise.
+pub fn read_response(stream: &mut impl Read) -> Result<Result<u64, ErrorCode>, WireError> {
+    let mut frame = [0u8; 16];
+    stream.read_exact(&mut frame)?;
+    let mut code = [0u8; 4];
+    code.copy_from_slice(&frame[..4]);
+    let code = i32::from_le_bytes(code);
+    let mut len = [0u8; 8];
+    len.copy_from_slice(&frame[8..16]);
+    if code == 0 {
+        Ok(Ok(u64::from_le_bytes(len)))
+    } else {
+        Ok(Err(
+            ErrorCode::from_i32(code).unwrap_or(ErrorCode::TRANSFER_FAIL)
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_round_trip_and_rejections() {
+        let request = Request {
+            op: Op::Write,
+            segment: 3,
+            offset: 4096,
+            len: 1 << 20,
+        };
+        assert_eq!(Request::decode(&request.encode()).expect("valid"), request);
+        let mut bad = request.encode();
+        bad[0] = b'X';
+        assert!(Request::decode(&bad).is_err());
+        let mut bad = request.encode();
+        bad[4] = 9;
+        assert!(Request::decode(&bad).is_err());
+        let huge = Request {
+            len: u64::MAX,
+            ..request
+        };
+        assert!(Request::decode(&huge.encode()).is_err());
+    }
+
+    #[test]
+    fn responses() {
+        let mut buf = Vec::new();
+        write_response(&mut buf, Err(ErrorCode::INVALID_PARAMS)).expect("write");
+        write_response(&mut buf, Ok(7)).expect("write");
+        let mut reader = &buf[..];
+        assert_eq!(
+            read_response(&mut reader).expect("read"),
+            Err(ErrorCode::INVALID_PARAMS)
+        );
+        assert_eq!(read_response(&mut reader).expect("read"), Ok(7));
+    }
+}
