@@ -15,6 +15,7 @@ pub struct BufferHandle {
 impl BufferHandle {
     /// Takes ownership of a pool block holding `size` valid bytes.
     pub(crate) fn new(client: DummyClient, addr: u64, size: u64) -> Self {
+        client.inner.memory.lock().handle_blocks.insert(addr);
         BufferHandle { client, addr, size }
     }
 
@@ -49,6 +50,8 @@ impl BufferHandle {
 
 impl Drop for BufferHandle {
     fn drop(&mut self) {
-        let _ = self.client.free_to_mem_pool(self.addr);
+        let mut memory = self.client.inner.memory.lock();
+        memory.handle_blocks.remove(&self.addr);
+        memory.pool.free(self.addr);
     }
 }

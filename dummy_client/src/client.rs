@@ -306,6 +306,10 @@ impl DummyClient {
     /// later calls return errors. Idempotent.
     pub fn close(&self) {
         self.inner.closed.store(true, Ordering::Release);
-        *self.inner.link.lock() = Link::Closed;
+        let mut link = self.inner.link.lock();
+        if let Link::Up(connected) = &*link {
+            connected.disconnect();
+        }
+        *link = Link::Closed;
     }
 }

@@ -97,6 +97,17 @@ pub struct Connected {
 }
 
 impl Connected {
+    /// Closes the connection now (both directions), so the real client releases this
+    /// dummy at once even while clones of the client are still alive.
+    pub fn disconnect(&self) {
+        if let Some(watch) = &self.watch {
+            let _ = nix::sys::socket::shutdown(
+                std::os::fd::AsRawFd::as_raw_fd(watch),
+                nix::sys::socket::Shutdown::Both,
+            );
+        }
+    }
+
     /// True when the real client has closed the connection.
     pub fn peer_hung_up(&self) -> bool {
         use std::os::fd::AsRawFd;
@@ -270,6 +281,10 @@ pub fn connect(
         handshake.register(offer)?;
     }
     handshake.send(&DummyFrame::Ready, None)?;
+    match handshake.receive()? {
+        RealFrame::Attached => {}
+        other => return Err(handshake.protocol(format!("unexpected answer {other:?}"))),
+    }
     let stream = handshake.stream;
     let fail = |e: std::io::Error| ConnectError::Protocol {
         address: address.clone(),

@@ -39,6 +39,8 @@ pub struct DummyMemory {
     page: PageSize,
     /// Buffers registered with `register_buffer`: start → (length, shared?).
     registered: BTreeMap<u64, (u64, bool)>,
+    /// Pool blocks owned by live buffer handles (not freeable by the application).
+    pub handle_blocks: std::collections::HashSet<u64>,
 }
 
 /// A block of the staging buffer: its dummy address and its memory.
@@ -87,6 +89,7 @@ impl DummyMemory {
             growth_step: pool_size.max(64 << 20),
             page,
             registered: BTreeMap::new(),
+            handle_blocks: std::collections::HashSet::new(),
         })
     }
 
@@ -134,11 +137,17 @@ impl DummyMemory {
     }
 
     fn in_shared_memory(&self, addr: u64, len: u64) -> bool {
-        self.pool.contains(addr, len)
+        (self.pool.contains(addr, len) && self.pool.within_block(addr, len))
             || self
                 .staging
                 .as_ref()
                 .is_some_and(|(_, a)| a.contains(addr, len))
+    }
+
+    /// True when `addr..addr+len` is memory this client may read: its shared memory or
+    /// a registered buffer.
+    pub fn is_known(&self, addr: u64, len: u64) -> bool {
+        self.classify(addr, len) != RangeKind::Foreign
     }
 
     /// Registers `addr..addr+len` as an application buffer; returns whether it is
@@ -159,16 +168,13 @@ impl DummyMemory {
         if self.in_shared_memory(addr, len) {
             return RangeKind::Shared;
         }
-        let inside_registered =
-            self.registered
-                .range(..=addr)
-                .next_back()
-                .is_some_and(|(&start, &(size, shared))| {
-                    !shared
-                        && addr
-                            .checked_add(len)
-                            .is_some_and(|end| end <= start.saturating_add(size))
-                });
+        let end = addr.checked_add(len);
+        let inside_registered = self
+            .registered
+            .range(..=addr)
+            .any(|(&start, &(size, shared))| {
+                !shared && end.is_some_and(|end| end <= start.saturating_add(size))
+            });
         if inside_registered {
             RangeKind::CopyThrough
         } else {

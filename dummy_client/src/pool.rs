@@ -53,11 +53,22 @@ impl DummyClient {
     /// Returns a block from [`alloc_from_mem_pool`](Self::alloc_from_mem_pool);
     /// `INVALID_PARAMS` for an address that is not a live block.
     pub fn free_to_mem_pool(&self, ptr: u64) -> CodeResult<()> {
-        if self.inner.memory.lock().pool.free(ptr) {
+        let mut memory = self.inner.memory.lock();
+        if memory.handle_blocks.contains(&ptr) {
+            // Owned by a live BufferHandle; it frees the block when dropped.
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        if memory.pool.free(ptr) {
             Ok(())
         } else {
             Err(ErrorCode::INVALID_PARAMS)
         }
+    }
+
+    /// True when `ptr..ptr+size` is this client's shared memory or a registered buffer
+    /// (memory it may read).
+    pub fn owns_memory(&self, ptr: u64, size: u64) -> bool {
+        self.inner.memory.lock().is_known(ptr, size)
     }
 
     /// Registers `ptr..ptr+size` for the zero-copy calls. Any range inside the dummy's
@@ -65,6 +76,9 @@ impl DummyClient {
     /// memory) is accepted too and copied through the staging buffer. The memory must
     /// stay valid until [`unregister_buffer`](Self::unregister_buffer).
     pub fn register_buffer(&self, ptr: u64, size: u64) -> CodeResult<()> {
+        if self.is_closed() {
+            return Err(ErrorCode::RPC_FAIL);
+        }
         if ptr == 0 || size == 0 || ptr.checked_add(size).is_none() {
             return Err(ErrorCode::INVALID_PARAMS);
         }
@@ -82,6 +96,9 @@ impl DummyClient {
     /// Forgets a buffer registered with [`register_buffer`](Self::register_buffer);
     /// `INVALID_PARAMS` when `ptr` does not start one.
     pub fn unregister_buffer(&self, ptr: u64) -> CodeResult<()> {
+        if self.is_closed() {
+            return Err(ErrorCode::RPC_FAIL);
+        }
         if self.inner.memory.lock().unregister(ptr) {
             Ok(())
         } else {

@@ -28,3 +28,10 @@ pub fn to_vec(addr: u64, len: usize) -> Vec<u8> {
     // SAFETY: as in `copy_in`.
     unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec()
 }
+
+/// Copies `bytes` to registered application memory at `addr`.
+pub fn write_bytes(addr: u64, bytes: &[u8]) {
+    // SAFETY: as in `copy_out`: `addr..addr+bytes.len()` lies inside a registered buffer.
+    let dest = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, bytes.len()) };
+    dest.copy_from_slice(bytes);
+}

@@ -54,7 +54,8 @@ pub enum Outcome {
     Attached,
 }
 
-fn send(stream: &UnixStream, frame: &RealFrame) -> Result<(), HandshakeError> {
+/// Sends one frame to the dummy.
+pub fn send(stream: &UnixStream, frame: &RealFrame) -> Result<(), HandshakeError> {
     send_with_fd(stream, &encode_frame(frame)?, None)?;
     Ok(())
 }

@@ -170,6 +170,16 @@ async fn connection(stream: UnixStream, state: Arc<ServerState>) {
             return;
         }
     };
+    // Listed in status before the dummy's setup returns.
+    state.sessions.insert(Arc::clone(&session));
+    if let Err(error) = handshake::send(
+        &std_stream,
+        &mooncake_core::protocol::handshake::RealFrame::Attached,
+    ) {
+        state.sessions.remove(&session);
+        tracing::warn!(%error, "dummy left during the handshake");
+        return;
+    }
     let stream = match std_stream
         .set_read_timeout(None)
         .and_then(|()| std_stream.set_nonblocking(true))

@@ -277,22 +277,40 @@ impl Store {
         plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, MemSlice)>>,
     ) -> CodeResult<u64> {
         let before = Instant::now();
-        let (replicas, lease) = self.master.get_replica_list(key).await?;
-        let replica = replicas
-            .iter()
-            .find(|r| matches!(self.place(r), Ok(Place::Local(_))))
-            .or_else(|| replicas.first())
-            .ok_or(ErrorCode::REPLICA_NOT_FOUND)?;
-        let size = replica.size;
+        let (mut replicas, lease) = self.master.get_replica_list(key).await?;
+        // This node's replica first (a memcpy), then the peers' in the master's order.
+        replicas.sort_by_key(|r| !matches!(self.place(r), Ok(Place::Local(_))));
+        let size = replicas.first().ok_or(ErrorCode::REPLICA_NOT_FOUND)?.size;
         let pieces = plan(size)?;
+        let mut outcome = Err(ErrorCode::REPLICA_NOT_FOUND);
+        for replica in &replicas {
+            outcome = self.copy_from(replica, &pieces);
+            match outcome {
+                // A peer that died since the master answered: try the next replica.
+                Err(ErrorCode::TRANSFER_FAIL) => continue,
+                _ => break,
+            }
+        }
+        outcome?;
+        if before.elapsed() > lease {
+            return Err(ErrorCode::LEASE_EXPIRED);
+        }
+        Ok(size)
+    }
+}
+
+impl Store {
+    /// Copies `(object offset, destination)` pieces from one replica.
+    fn copy_from(&self, replica: &ReplicaDescriptor, pieces: &[(u64, MemSlice)]) -> CodeResult<()> {
         match self.place(replica)? {
             Place::Local(source) => {
-                for (offset, dest) in &pieces {
+                for (offset, dest) in pieces {
                     let part = source
                         .sub(*offset, dest.len() as u64)
                         .ok_or(ErrorCode::INVALID_PARAMS)?;
                     part.copy_to(dest);
                 }
+                Ok(())
             }
             Place::Remote {
                 endpoint,
@@ -302,12 +320,8 @@ impl Store {
                 pieces.iter().try_for_each(|(at, dest)| {
                     self.transfers.read(endpoint, segment, offset + at, dest)
                 })
-            })?,
+            }),
         }
-        if before.elapsed() > lease {
-            return Err(ErrorCode::LEASE_EXPIRED);
-        }
-        Ok(size)
     }
 }
 

@@ -2,7 +2,7 @@
 //! staging buffer): sub-allocates blocks of registered shared memory in-process, without
 //! an RPC, using the same range allocator as the master.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use mooncake_core::allocator::{Allocation, RangeAllocator};
@@ -25,7 +25,7 @@ struct LiveBlock {
 /// Allocates blocks from a growing set of shared-memory segments.
 pub struct PoolAllocator {
     segments: Vec<PoolSegment>,
-    live: HashMap<u64, LiveBlock>,
+    live: BTreeMap<u64, LiveBlock>,
 }
 
 impl std::fmt::Debug for PoolAllocator {
@@ -42,7 +42,7 @@ impl PoolAllocator {
     pub fn new(first: Arc<SharedMemory>) -> Self {
         let mut pool = PoolAllocator {
             segments: Vec::new(),
-            live: HashMap::new(),
+            live: BTreeMap::new(),
         };
         pool.add_segment(first);
         pool
@@ -84,6 +84,17 @@ impl PoolAllocator {
                 .allocator
                 .free(block.allocation),
             None => false,
+        }
+    }
+
+    /// True unless `addr..addr+len` starts inside a live block and runs past its end
+    /// (a range outside every block is not this allocator's to judge).
+    pub fn within_block(&self, addr: u64, len: u64) -> bool {
+        match self.live.range(..=addr).next_back() {
+            Some((&start, block)) if addr < start + block.allocation.len => addr
+                .checked_add(len)
+                .is_some_and(|end| end <= start + block.requested),
+            _ => true,
         }
     }
 

@@ -36,6 +36,85 @@ pub fn unique_port() -> u16 {
     base + NEXT_PORT.fetch_add(1, Ordering::Relaxed) % 16 + 1
 }
 
+/// A free TCP port on loopback (bound once to find it, then released).
+pub fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A running `mooncake_master`, killed on drop.
+#[derive(Debug)]
+pub struct MasterProcess {
+    child: Option<Child>,
+    /// Its RPC port.
+    pub port: u16,
+    args: Vec<String>,
+}
+
+impl MasterProcess {
+    /// Starts `mooncake_master` on a free loopback port with `extra` flags.
+    pub fn start(extra: &[&str]) -> Self {
+        let port = free_tcp_port();
+        let mut args = vec![
+            format!("--rpc_port={port}"),
+            "--rpc_address=127.0.0.1".to_string(),
+            "--metrics_port=0".to_string(),
+            "--enable_metric_reporting=false".to_string(),
+            "--log_level=warn".to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut master = MasterProcess {
+            child: None,
+            port,
+            args,
+        };
+        master.spawn();
+        master
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(binary("mooncake_master"))
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn mooncake_master");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "mooncake_master did not start");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// kill -9.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the same command again (same port).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+}
+
+impl Drop for MasterProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
 /// A running `mooncake_client`, killed on drop.
 #[derive(Debug)]
 pub struct RealClientProcess {
@@ -55,12 +134,15 @@ pub fn socket_accepts(address: &SocketAddress) -> bool {
 
 impl RealClientProcess {
     /// Starts `mooncake_client --port=<unique> --global_segment_size=<segment>` plus
-    /// `extra` flags, and waits until it serves.
+    /// `extra` flags, and waits until it serves. Its embedded master (if any) is not
+    /// served over TCP.
     pub fn start(segment: &str, extra: &[&str]) -> Self {
         let port = unique_port();
         let mut args = vec![
             format!("--port={port}"),
             format!("--global_segment_size={segment}"),
+            "--embedded_master_port=0".to_string(),
+            "--host=127.0.0.1".to_string(),
             "--log_level=warn".to_string(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
@@ -71,6 +153,19 @@ impl RealClientProcess {
         };
         process.spawn();
         process
+    }
+
+    /// Starts a real client of the cluster run by `master`.
+    pub fn join(master: &MasterProcess, segment: &str, extra: &[&str]) -> Self {
+        let address = format!("--master_server_address={}", master.address());
+        let mut flags = vec![address.as_str()];
+        flags.extend_from_slice(extra);
+        Self::start(segment, &flags)
+    }
+
+    /// The name of its segment (`127.0.0.1:<port>`).
+    pub fn segment_name(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
     }
 
     /// The address dummies use.

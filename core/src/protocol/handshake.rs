@@ -9,6 +9,7 @@
 //!   Register{segment} + memfd    ──────▶   (repeated per segment)
 //!                                ◀──────  Registered | Rejected
 //!   Ready                        ──────▶
+//!                                ◀──────  Attached
 //!   ... tarpc on the same stream ...
 //! ```
 //!
@@ -92,6 +93,8 @@ pub enum RealFrame {
     Registered,
     /// The segment was rejected; the text says why.
     Rejected(String),
+    /// The session is registered (it shows in status); RPC follows.
+    Attached,
 }
 
 /// Why a handshake frame could not be decoded.

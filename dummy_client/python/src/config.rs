@@ -9,11 +9,12 @@ use mooncake_core::types::{ReplicateConfig, SoftPinAction};
     name = "SoftPinAction",
     eq,
     eq_int,
+    hash,
     frozen,
     module = "mooncake.store",
     from_py_object
 )]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[expect(clippy::upper_case_acronyms, reason = "upstream's Python names")]
 pub enum PySoftPinAction {
     /// Keep the object's soft pin as it is.

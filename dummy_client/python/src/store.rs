@@ -153,6 +153,7 @@ impl PyStore {
         local_buffer_size: Option<&Bound<'_, PyAny>>,
         server_address: Option<String>,
     ) -> PyResult<i64> {
+        init_logging();
         let pool = size_arg(mem_pool_size, 0)?;
         let staging = size_arg(local_buffer_size, DEFAULT_LOCAL_BUFFER)?;
         let pool = if pool == 0 { DEFAULT_POOL } else { pool };
@@ -192,6 +193,7 @@ impl PyStore {
         enable_client_http_server: bool,
         client_http_port: u16,
     ) -> PyResult<i64> {
+        init_logging();
         let _ = (
             engine,
             ssd_offload_path,
@@ -212,10 +214,18 @@ impl PyStore {
                         .as_ref(),
                 )?,
                 tenant: string_arg(get("tenant_id").as_ref())?,
-                offload: get("enable_ssd_offload")
-                    .map(|v| v.is_truthy())
-                    .transpose()?
-                    .unwrap_or(false),
+                offload: match get("enable_ssd_offload") {
+                    Some(v) if v.is_instance_of::<pyo3::types::PyString>() => {
+                        let text: String = v.extract()?;
+                        mooncake_core::flags::parse_bool(&text).ok_or_else(|| {
+                            PyValueError::new_err(format!(
+                                "enable_ssd_offload: {text:?} is not a boolean"
+                            ))
+                        })?
+                    }
+                    Some(v) => v.is_truthy()?,
+                    None => false,
+                },
             }
         } else {
             let _ = metadata_server;
@@ -250,12 +260,18 @@ impl PyStore {
         }
     }
 
-    /// Disconnects; later calls return errors. Returns 0.
+    /// Disconnects (the real client releases this client's memory at once); later
+    /// calls return errors. Returns 0.
     fn close(&self) -> i64 {
         if let Some(client) = self.client() {
             client.close();
         }
         0
+    }
+
+    /// True when `ptr..ptr+size` is this client's shared memory or a registered buffer.
+    fn _owns_memory(&self, ptr: u64, size: u64) -> bool {
+        self.client().is_some_and(|c| c.owns_memory(ptr, size))
     }
 
     /// 0 healthy, 1 not set up or closed, 2 real client or master unreachable.
@@ -553,21 +569,26 @@ impl PyStore {
         })
     }
 
-    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, prefer_same_node=true))]
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, prefer_alloc_in_same_node=false))]
     fn batch_get_into_multi_buffers(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         all_buffer_ptrs: Vec<Vec<u64>>,
         all_sizes: Vec<Vec<u64>>,
-        prefer_same_node: bool,
+        prefer_alloc_in_same_node: bool,
     ) -> Vec<i64> {
         let n = keys.len();
         self.with(py, not_ready_list(n), move |c| {
-            c.batch_get_into_multi_buffers(&keys, &all_buffer_ptrs, &all_sizes, prefer_same_node)
-                .into_iter()
-                .map(value)
-                .collect()
+            c.batch_get_into_multi_buffers(
+                &keys,
+                &all_buffer_ptrs,
+                &all_sizes,
+                prefer_alloc_in_same_node,
+            )
+            .into_iter()
+            .map(value)
+            .collect()
         })
     }
 
@@ -669,10 +690,10 @@ impl PyStore {
         })
     }
 
-    #[pyo3(signature = (regex, force=false))]
-    fn remove_by_regex(&self, py: Python<'_>, regex: String, force: bool) -> i64 {
+    #[pyo3(signature = (regex_pattern, force=false))]
+    fn remove_by_regex(&self, py: Python<'_>, regex_pattern: String, force: bool) -> i64 {
         self.with(py, not_ready(), move |c| {
-            value(c.remove_by_regex(&regex, force))
+            value(c.remove_by_regex(&regex_pattern, force))
         })
     }
 
@@ -764,6 +785,18 @@ impl PyStore {
             Err(_) => Ok(None),
         }
     }
+}
+
+fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    });
 }
 
 fn first_error(results: Vec<CodeResult<()>>) -> i64 {

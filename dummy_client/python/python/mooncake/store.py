@@ -30,6 +30,18 @@ INVALID_PARAMS = ERROR_CODES["INVALID_PARAMS"]
 NO_AVAILABLE_HANDLE = ERROR_CODES["NO_AVAILABLE_HANDLE"]
 
 
+class BufferHandle:
+    """An object's bytes in shared memory, valid while the handle lives.
+
+    Handles returned by ``get_buffer`` are ctypes byte arrays: they support the buffer
+    protocol (``memoryview(h)``, ``numpy.frombuffer(h, ...)``, ``bytes(h)``) and have
+    ``ptr()``, ``size()`` and ``len()``. The memory stays valid (and unchanged) until the
+    handle is garbage-collected, even if the key is removed meanwhile.
+    """
+
+    __slots__ = ()
+
+
 @functools.lru_cache(maxsize=512)
 def _handle_type(size):
     base = ctypes.c_ubyte * size
@@ -40,9 +52,6 @@ def _handle_type(size):
     def size_(self):
         return size
 
-    def release(self):
-        self._raw.release()
-
     def tobytes(self):
         return bytes(self)
 
@@ -51,19 +60,9 @@ def _handle_type(size):
 
     return type(
         "BufferHandle",
-        (base,),
-        {"ptr": ptr, "size": size_, "len": size_, "release": release, "tobytes": tobytes, "__repr__": __repr__},
+        (base, BufferHandle),
+        {"ptr": ptr, "size": size_, "len": size_, "tobytes": tobytes, "__repr__": __repr__},
     )
-
-
-class BufferHandle:
-    """An object's bytes in shared memory, valid while the handle lives.
-
-    Handles returned by ``get_buffer`` are ctypes byte arrays: they support the buffer
-    protocol (``memoryview(h)``, ``numpy.frombuffer(h, ...)``, ``bytes(h)``) and have
-    ``ptr()``, ``size()`` and ``len()``. The memory stays valid (and unchanged) until the
-    handle is garbage-collected, even if the key is removed meanwhile.
-    """
 
 
 def _wrap(raw):
@@ -104,7 +103,11 @@ def _as_array(tensor):
             return t.view(torch.int16).numpy(), "bfloat16", _tensor.TORCH
         array = t.numpy()
         return array, array.dtype.str, _tensor.TORCH
-    array = np.ascontiguousarray(tensor)
+    array = np.asarray(tensor)
+    if array.dtype.hasobject:
+        raise TypeError("arrays of Python objects cannot be stored; use a numeric dtype")
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")
     return array, array.dtype.str, _tensor.NUMPY
 
 
@@ -123,14 +126,58 @@ def _from_buffer(buf, info):
 
 
 def _split(tensor, parts, dim):
+    """``parts`` shards along ``dim`` (torch.chunk semantics), or None when the tensor
+    cannot be split into that many non-empty shards."""
     torch = _torch()
     if torch is not None and isinstance(tensor, torch.Tensor):
-        return [c.contiguous() for c in torch.chunk(tensor, parts, dim=dim)]
-    return [_numpy().ascontiguousarray(c) for c in _numpy().array_split(tensor, parts, axis=dim)]
+        shards = [c.contiguous() for c in torch.chunk(tensor, parts, dim=dim)]
+    else:
+        np = _numpy()
+        array = np.asarray(tensor)
+        if array.ndim == 0:
+            return None
+        length = array.shape[dim]
+        step = -(-length // parts) if parts else 0
+        shards = [np.ascontiguousarray(np.take(array, range(i, min(i + step, length)), axis=dim)) for i in range(0, length, step or 1)]
+    return shards if len(shards) == parts else None
+
+
+def _as_bytes(value):
+    """bytes and bytearray pass through; any other buffer (memoryview, numpy array,
+    array.array) is copied into bytes."""
+    if isinstance(value, (bytes, bytearray)):
+        return value
+    return memoryview(value).tobytes()
 
 
 class MooncakeDistributedStore(_StoreBase):
     """A Mooncake Store client (drop-in for upstream's ``mooncake.store``)."""
+
+    # ----- writes of bytes-like values (any buffer is accepted) -----
+
+    def put(self, key, value, config=None):
+        """Stores ``value`` (any bytes-like object); an existing key is kept."""
+        return super().put(key, _as_bytes(value), config)
+
+    def put_parts(self, key, *parts, config=None):
+        """Stores the concatenation of ``parts``."""
+        return super().put_parts(key, *[_as_bytes(p) for p in parts], config=config)
+
+    def put_batch(self, keys, values, config=None):
+        """Stores each value under its key; 0 or the first error."""
+        return super().put_batch(keys, [_as_bytes(v) for v in values], config)
+
+    def upsert(self, key, value, config=None):
+        """Stores or replaces ``value``."""
+        return super().upsert(key, _as_bytes(value), config)
+
+    def upsert_parts(self, key, *parts, config=None):
+        """Stores or replaces the concatenation of ``parts``."""
+        return super().upsert_parts(key, *[_as_bytes(p) for p in parts], config=config)
+
+    def upsert_batch(self, keys, values, config=None):
+        """Stores or replaces each value; 0 or the first error."""
+        return super().upsert_batch(keys, [_as_bytes(v) for v in values], config)
 
     # ----- lifecycle -----
 
@@ -203,7 +250,10 @@ class MooncakeDistributedStore(_StoreBase):
     def query_task(self, task_id):
         """The state of a task: ``(dict or None, code)``."""
         value = task_id.int if isinstance(task_id, uuid.UUID) else int(task_id)
-        return self._query_task(value)
+        info, code = self._query_task(value)
+        if info is not None:
+            info["id"] = uuid.UUID(int=info["id"])
+        return info, code
 
     # ----- tensors -----
 
@@ -215,7 +265,11 @@ class MooncakeDistributedStore(_StoreBase):
         blocks, ptrs, sizes = [], [], []
         try:
             for tensor in tensors:
-                array, dtype_name, framework = _as_array(tensor)
+                try:
+                    array, dtype_name, framework = _as_array(tensor)
+                except (TypeError, ValueError) as error:
+                    log.error("cannot store tensor: %s", error)
+                    return [INVALID_PARAMS] * len(keys)
                 header = _tensor.pack_header(dtype_name, array.shape, array.nbytes, framework)
                 total = len(header) + array.nbytes
                 ptr = self.alloc_from_mem_pool(total)
@@ -237,21 +291,25 @@ class MooncakeDistributedStore(_StoreBase):
         """Stores a numpy array or torch tensor (``[TensorMetadata][data]``)."""
         return self._write_tensors([key], [tensor], config, False)[0]
 
-    def batch_put_tensor(self, keys, tensors, config=None):
+    def batch_put_tensor(self, keys, tensors_list, config=None):
         """``put_tensor`` for each key; one code per key."""
-        return self._write_tensors(keys, tensors, config, False)
+        return self._write_tensors(keys, tensors_list, config, False)
 
     def upsert_tensor(self, key, tensor, config=None):
         """Stores or replaces a tensor."""
         return self._write_tensors([key], [tensor], config, True)[0]
 
-    def batch_upsert_tensor(self, keys, tensors, config=None):
+    def batch_upsert_tensor(self, keys, tensors_list, config=None):
         """``upsert_tensor`` for each key."""
-        return self._write_tensors(keys, tensors, config, True)
+        return self._write_tensors(keys, tensors_list, config, True)
 
     def pub_tensor(self, key, tensor, config=None):
-        """Publishes a tensor: stores it, replacing any previous version."""
-        return self.upsert_tensor(key, tensor, config)
+        """Publishes a tensor (as upstream: a put with the given replica config)."""
+        return self.put_tensor(key, tensor, config)
+
+    def batch_pub_tensor(self, keys, tensors_list, config=None):
+        """``pub_tensor`` for each key."""
+        return self.batch_put_tensor(keys, tensors_list, config)
 
     def get_tensor(self, key):
         """The stored tensor (torch if it was stored from torch and torch is installed,
@@ -267,6 +325,8 @@ class MooncakeDistributedStore(_StoreBase):
         return [self.get_tensor(key) for key in keys]
 
     def _tensor_at(self, ptr, size):
+        if size <= 0 or not self._owns_memory(ptr, size):
+            return None, None
         buf = (ctypes.c_ubyte * size).from_address(ptr)
         info = _tensor.unpack_header(memoryview(buf))
         return (_from_buffer(buf, info) if info else None), info
@@ -313,53 +373,75 @@ class MooncakeDistributedStore(_StoreBase):
             return [INVALID_PARAMS] * len(keys)
         return self.batch_upsert_from(keys, buffer_ptrs, sizes, config) if config is not None else self.batch_upsert_from(keys, buffer_ptrs, sizes)
 
-    # ----- tensor parallelism: shards stored as <key>_tp_<rank> -----
+    # ----- tensor parallelism: shard r stored as <key>_tp_<r> (plain key when tp_size is 1) -----
 
     @staticmethod
-    def _tp_key(key, rank):
-        return f"{key}_tp_{rank}"
+    def _tp_key(key, rank, tp_size):
+        return key if tp_size == 1 else f"{key}_tp_{rank}"
 
     def _write_tp(self, keys, tensors, tp_size, split_dim, config, upsert):
         keys, tensors = list(keys), list(tensors)
         if len(keys) != len(tensors) or tp_size < 1:
             return [INVALID_PARAMS] * len(keys)
         shard_keys, shards, owner = [], [], []
+        result = [0] * len(keys)
         for index, (key, tensor) in enumerate(zip(keys, tensors)):
-            for rank, shard in enumerate(_split(tensor, tp_size, split_dim)):
-                shard_keys.append(self._tp_key(key, rank))
+            split = _split(tensor, tp_size, split_dim) if tp_size > 1 else [tensor]
+            if split is None:
+                result[index] = INVALID_PARAMS
+                continue
+            for rank, shard in enumerate(split):
+                shard_keys.append(self._tp_key(key, rank, tp_size))
                 shards.append(shard)
                 owner.append(index)
-        codes = self._write_tensors(shard_keys, shards, config, upsert)
-        result = [0] * len(keys)
+        codes = self._write_tensors(shard_keys, shards, config, upsert) if shard_keys else []
         for index, code in zip(owner, codes):
             if code != 0 and result[index] == 0:
                 result[index] = code
         return result
 
     def put_tensor_with_tp(self, key, tensor, tp_rank=0, tp_size=1, split_dim=0, config=None):
-        """Splits ``tensor`` into ``tp_size`` shards along ``split_dim`` and stores shard
-        ``r`` as ``<key>_tp_<r>``."""
+        """Splits ``tensor`` into ``tp_size`` shards along ``split_dim`` (torch.chunk
+        semantics; -600 when that gives fewer shards) and stores shard ``r`` as
+        ``<key>_tp_<r>``."""
         return self._write_tp([key], [tensor], tp_size, split_dim, config, False)[0]
 
-    def batch_put_tensor_with_tp(self, keys, tensors, tp_rank=0, tp_size=1, split_dim=0, config=None):
+    def batch_put_tensor_with_tp(self, base_keys, tensors_list, tp_rank=0, tp_size=1, split_dim=0, config=None):
         """``put_tensor_with_tp`` for each key."""
-        return self._write_tp(keys, tensors, tp_size, split_dim, config, False)
+        return self._write_tp(base_keys, tensors_list, tp_size, split_dim, config, False)
 
     def upsert_tensor_with_tp(self, key, tensor, tp_rank=0, tp_size=1, split_dim=0, config=None):
         """``put_tensor_with_tp`` that replaces existing shards."""
         return self._write_tp([key], [tensor], tp_size, split_dim, config, True)[0]
 
-    def batch_upsert_tensor_with_tp(self, keys, tensors, tp_rank=0, tp_size=1, split_dim=0, config=None):
+    def batch_upsert_tensor_with_tp(self, base_keys, tensors_list, tp_rank=0, tp_size=1, split_dim=0, config=None):
         """``upsert_tensor_with_tp`` for each key."""
-        return self._write_tp(keys, tensors, tp_size, split_dim, config, True)
+        return self._write_tp(base_keys, tensors_list, tp_size, split_dim, config, True)
+
+    def pub_tensor_with_tp(self, key, tensor, tp_rank=0, tp_size=1, split_dim=0, config=None):
+        """Same as ``put_tensor_with_tp``."""
+        return self.put_tensor_with_tp(key, tensor, tp_rank, tp_size, split_dim, config)
+
+    def batch_pub_tensor_with_tp(self, base_keys, tensors_list, tp_rank=0, tp_size=1, split_dim=0, config=None):
+        """Same as ``batch_put_tensor_with_tp``."""
+        return self.batch_put_tensor_with_tp(base_keys, tensors_list, tp_rank, tp_size, split_dim, config)
 
     def get_tensor_with_tp(self, key, tp_rank=0, tp_size=1, split_dim=0):
         """Shard ``tp_rank`` of a tensor stored with ``put_tensor_with_tp``."""
-        return self.get_tensor(self._tp_key(key, tp_rank))
+        return self.get_tensor(self._tp_key(key, tp_rank, tp_size))
 
-    def batch_get_tensor_with_tp(self, keys, tp_rank=0, tp_size=1, split_dim=0):
+    def batch_get_tensor_with_tp(self, base_keys, tp_rank=0, tp_size=1, split_dim=0):
         """``get_tensor_with_tp`` for each key."""
-        return [self.get_tensor(self._tp_key(key, tp_rank)) for key in keys]
+        return [self.get_tensor(self._tp_key(key, tp_rank, tp_size)) for key in base_keys]
+
+    def get_tensor_with_tp_into(self, key, buffer_ptr, size, tp_rank=0, tp_size=1, split_dim=0):
+        """Reads shard ``tp_rank`` into ``buffer_ptr`` and returns a view of it, or None."""
+        return self.get_tensor_into(self._tp_key(key, tp_rank, tp_size), buffer_ptr, size)
+
+    def batch_get_tensor_with_tp_into(self, base_keys, buffer_ptrs, sizes, tp_rank=0, tp_size=1, split_dim=0):
+        """``get_tensor_with_tp_into`` for each key."""
+        keys = [self._tp_key(key, tp_rank, tp_size) for key in base_keys]
+        return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
 
     # Upstream's "parallelism" wrappers store whole tensors.
     def put_tensor_with_parallelism(self, key, tensor, config=None, **_):

@@ -1,0 +1,268 @@
+//! Cluster tests: one real `mooncake_master`, several `mooncake_client`s on loopback,
+//! dummies attached to different nodes.
+
+use std::io::Write;
+use std::time::Duration;
+
+use mooncake_dummy_client::{DummyClient, ErrorCode, ReplicaLocation, ReplicateConfig};
+use mooncake_integration_tests::{MasterProcess, RealClientProcess, eventually};
+
+fn dummy(node: &RealClientProcess) -> DummyClient {
+    DummyClient::setup_dummy(64 << 20, 8 << 20, Some(&node.address())).expect("setup_dummy")
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| i.to_le_bytes()[0].wrapping_mul(7).wrapping_add(seed))
+        .collect()
+}
+
+fn on(segment: &str) -> ReplicateConfig {
+    ReplicateConfig {
+        preferred_segment: segment.to_string(),
+        ..ReplicateConfig::default()
+    }
+}
+
+fn segments_of(client: &DummyClient, key: &str) -> Vec<String> {
+    client
+        .get_replica_desc(key)
+        .expect("descriptors")
+        .iter()
+        .map(|r| {
+            let ReplicaLocation::Memory { segment_name, .. } = &r.location;
+            segment_name.clone()
+        })
+        .collect()
+}
+
+#[test]
+fn objects_put_on_one_node_are_read_byte_exact_on_the_others() {
+    let master = MasterProcess::start(&[]);
+    let nodes: Vec<_> = (0..3)
+        .map(|_| RealClientProcess::join(&master, "128MB", &[]))
+        .collect();
+    let dummies: Vec<_> = nodes.iter().map(dummy).collect();
+    for (i, size) in [4usize << 10, 1 << 20, 16 << 20].into_iter().enumerate() {
+        let value = pattern(size, i.to_le_bytes()[0]);
+        // Force the object onto node C's segment, write through A (A → C transfer).
+        let key = format!("obj-{size}");
+        dummies[0]
+            .put(&key, &value, &on(&nodes[2].segment_name()))
+            .expect("put via A");
+        assert_eq!(
+            segments_of(&dummies[1], &key),
+            vec![nodes[2].segment_name()]
+        );
+        for reader in &dummies {
+            assert!(
+                reader.get(&key).expect("get") == value,
+                "{size} bytes differ"
+            );
+        }
+        // Zero-copy path: B reads from C straight into its pool.
+        let dest = dummies[1].alloc_from_mem_pool(size as u64);
+        assert_eq!(
+            dummies[1].get_into(&key, dest, size as u64),
+            Ok(size as u64)
+        );
+        // SAFETY: `dest` is a live pool block of `size` bytes owned by this test.
+        let got = unsafe { std::slice::from_raw_parts(dest as *const u8, size) };
+        assert!(got == value.as_slice());
+        // And B writes zero-copy from its pool to A's segment.
+        let copy = format!("copy-{size}");
+        dummies[1]
+            .put_from(&copy, dest, size as u64, &on(&nodes[0].segment_name()))
+            .expect("put_from to A");
+        assert!(dummies[2].get(&copy).expect("get") == value);
+        dummies[1].free_to_mem_pool(dest).expect("free");
+    }
+}
+
+#[test]
+fn replica_num_two_lands_on_two_segments() {
+    let master = MasterProcess::start(&[]);
+    let nodes: Vec<_> = (0..3)
+        .map(|_| RealClientProcess::join(&master, "64MB", &[]))
+        .collect();
+    let client = dummy(&nodes[0]);
+    let config = ReplicateConfig {
+        replica_num: 2,
+        ..ReplicateConfig::default()
+    };
+    for i in 0..10 {
+        let key = format!("r2-{i}");
+        client.put(&key, &pattern(1000, i), &config).expect("put");
+        let mut segments = segments_of(&client, &key);
+        segments.dedup();
+        assert_eq!(segments.len(), 2, "{segments:?}");
+    }
+}
+
+#[test]
+fn a_dead_node_loses_its_objects_but_replicated_ones_survive() {
+    let master = MasterProcess::start(&["--client_ttl=2"]);
+    let a = RealClientProcess::join(&master, "64MB", &[]);
+    let b = RealClientProcess::join(&master, "64MB", &[]);
+    let mut c = RealClientProcess::join(&master, "64MB", &[]);
+    let client = dummy(&a);
+    let single = pattern(100_000, 1);
+    client
+        .put("only-on-c", &single, &on(&c.segment_name()))
+        .expect("put");
+    let replicated = pattern(100_000, 2);
+    let two = ReplicateConfig {
+        replica_num: 2,
+        preferred_segments: vec![c.segment_name(), b.segment_name()],
+        ..ReplicateConfig::default()
+    };
+    client.put("on-c-and-b", &replicated, &two).expect("put");
+    assert_eq!(segments_of(&client, "on-c-and-b").len(), 2);
+
+    c.kill9();
+    // client_ttl (2 s) + 1 s.
+    let gone = eventually(Duration::from_secs(3), || {
+        client.is_exist("only-on-c") == Ok(false)
+    });
+    assert!(gone, "the object whose only replica died is still listed");
+    assert_eq!(client.get("on-c-and-b").expect("replica on B"), replicated);
+    assert_eq!(segments_of(&client, "on-c-and-b"), vec![b.segment_name()]);
+    let reader_b = dummy(&b);
+    assert_eq!(reader_b.get("on-c-and-b").expect("read via B"), replicated);
+}
+
+#[test]
+fn eviction_makes_room_but_never_takes_hard_pinned_objects() {
+    let master = MasterProcess::start(&["--eviction_high_watermark_ratio=0.8"]);
+    let nodes: Vec<_> = (0..2)
+        .map(|_| RealClientProcess::join(&master, "32MB", &[]))
+        .collect();
+    let client = dummy(&nodes[0]);
+    let pinned = ReplicateConfig {
+        with_hard_pin: true,
+        ..ReplicateConfig::default()
+    };
+    let value = pattern(1 << 20, 3);
+    for i in 0..8 {
+        client
+            .put(&format!("pinned-{i}"), &value, &pinned)
+            .expect("pinned put");
+    }
+    // 64 MiB of cluster memory; write 150 MiB of ordinary objects.
+    for i in 0..150 {
+        client
+            .put(&format!("cache-{i}"), &value, &ReplicateConfig::default())
+            .expect("eviction makes room");
+    }
+    for i in 0..8 {
+        assert_eq!(
+            client.is_exist(&format!("pinned-{i}")),
+            Ok(true),
+            "hard-pinned object {i} was evicted"
+        );
+    }
+    let survivors = (0..150)
+        .filter(|i| client.is_exist(&format!("cache-{i}")) == Ok(true))
+        .count();
+    assert!(survivors < 150, "nothing was evicted");
+    assert_eq!(
+        client.is_exist("cache-149"),
+        Ok(true),
+        "the newest object was evicted before older ones"
+    );
+    assert!(client.status().expect("status").master.evicted_objects > 0);
+}
+
+#[test]
+fn a_cluster_full_of_pinned_data_refuses_with_no_available_handle() {
+    let master = MasterProcess::start(&[]);
+    let node = RealClientProcess::join(&master, "8MB", &[]);
+    let client = dummy(&node);
+    let pinned = ReplicateConfig {
+        with_hard_pin: true,
+        ..ReplicateConfig::default()
+    };
+    let value = pattern(1 << 20, 4);
+    let mut stored = 0;
+    while client.put(&format!("p{stored}"), &value, &pinned).is_ok() {
+        stored += 1;
+        assert!(stored < 64, "an 8 MB segment took 64 MB");
+    }
+    assert_eq!(
+        client.put("one-more", &value, &ReplicateConfig::default()),
+        Err(ErrorCode::NO_AVAILABLE_HANDLE)
+    );
+    assert_eq!(ErrorCode::NO_AVAILABLE_HANDLE.as_i32(), -200);
+}
+
+#[test]
+fn real_clients_remount_after_a_master_restart() {
+    let mut master = MasterProcess::start(&[]);
+    let a = RealClientProcess::join(&master, "32MB", &[]);
+    let b = RealClientProcess::join(&master, "32MB", &[]);
+    let client = dummy(&a);
+    client
+        .put("before", b"x", &ReplicateConfig::default())
+        .expect("put");
+    master.restart();
+    let remounted = eventually(Duration::from_secs(5), || {
+        client.status().is_ok_and(|s| s.master.segments.len() == 2)
+    });
+    assert!(remounted, "real clients did not remount within 5 s");
+    client
+        .put("after", &pattern(4096, 5), &on(&b.segment_name()))
+        .expect("put after restart");
+    assert_eq!(dummy(&b).get("after").expect("get"), pattern(4096, 5));
+}
+
+#[test]
+fn bad_input_to_the_master_is_refused_and_it_keeps_serving() {
+    let master = MasterProcess::start(&[]);
+    let node = RealClientProcess::join(&master, "32MB", &[]);
+    let client = dummy(&node);
+    let zero = ReplicateConfig {
+        replica_num: 0,
+        ..ReplicateConfig::default()
+    };
+    assert_eq!(client.put("k", b"v", &zero), Err(ErrorCode::INVALID_PARAMS));
+    let long_pin = ReplicateConfig {
+        soft_pin_action: mooncake_dummy_client::SoftPinAction::Enable,
+        soft_pin_ttl_ms: Some(48 * 3600 * 1000),
+        ..ReplicateConfig::default()
+    };
+    assert_eq!(
+        client.put("k", b"v", &long_pin),
+        Err(ErrorCode::INVALID_PARAMS)
+    );
+    assert_eq!(
+        client.put("k", b"", &ReplicateConfig::default()),
+        Err(ErrorCode::INVALID_PARAMS)
+    );
+    assert_eq!(
+        client.put(&"k".repeat(5000), b"v", &ReplicateConfig::default()),
+        Err(ErrorCode::INVALID_KEY)
+    );
+    assert_eq!(
+        client.remove_by_regex("(unclosed", true),
+        Err(ErrorCode::INVALID_PARAMS)
+    );
+    let nowhere = on("no-such-node:1");
+    assert_eq!(
+        client.put("placed", b"v", &nowhere),
+        Ok(()),
+        "an unknown preferred segment falls back to any segment"
+    );
+    assert_eq!(
+        client.create_copy_task("placed", &["no-such-node:1".to_string()]),
+        Err(ErrorCode::SEGMENT_NOT_FOUND)
+    );
+    // Garbage on the master's port: that connection is dropped, the master serves on.
+    let mut raw = std::net::TcpStream::connect(("127.0.0.1", master.port)).expect("connect");
+    let _ = raw.write_all(&[0, 0, 0, 8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
+    let _ = raw.write_all(&[0xff; 64]);
+    drop(raw);
+    client
+        .put("still-serving", b"v", &ReplicateConfig::default())
+        .expect("master still serves");
+    assert_eq!(client.get("still-serving").expect("get"), b"v");
+}
