@@ -16,8 +16,9 @@ use crate::master::{MasterService, MasterStats};
 /// A response: status code, content type, body.
 pub type Response = (u16, &'static str, String);
 
-/// Answers a path, or `None` for 404.
-pub type Router = Arc<dyn Fn(&str) -> Option<Response> + Send + Sync>;
+/// Answers a path (`None` for 404); may wait, e.g. for the master.
+pub type Router =
+    Arc<dyn Fn(String) -> futures::future::BoxFuture<'static, Option<Response>> + Send + Sync>;
 
 /// Serves `router` on `address` until the task is dropped or aborted.
 pub async fn serve(address: SocketAddr, router: Router) {
@@ -58,7 +59,11 @@ pub async fn serve(address: SocketAddr, router: Router) {
             let (status, content_type, body) = match (parts.next(), parts.next()) {
                 (Some("GET"), Some(path)) => {
                     let path = path.split('?').next().unwrap_or(path);
-                    router(path).unwrap_or((404, "text/plain", "not found\n".into()))
+                    router(path.to_string()).await.unwrap_or((
+                        404,
+                        "text/plain",
+                        "not found\n".into(),
+                    ))
                 }
                 _ => (400, "text/plain", "bad request\n".into()),
             };
@@ -137,14 +142,17 @@ pub fn stats_metrics(prefix: &str, stats: &MasterStats) -> String {
 
 /// Serves the master's `/metrics` and `/health`.
 pub async fn serve_master_metrics(address: SocketAddr, master: Arc<MasterService>) {
-    let router: Router = Arc::new(move |path| match path {
-        "/metrics" => Some((
-            200,
-            "text/plain; version=0.0.4",
-            stats_metrics("master", &master.stats()),
-        )),
-        "/health" => Some((200, "text/plain", "ok\n".into())),
-        _ => None,
+    let router: Router = Arc::new(move |path| {
+        let answer = match path.as_str() {
+            "/metrics" => Some((
+                200,
+                "text/plain; version=0.0.4",
+                stats_metrics("master", &master.stats()),
+            )),
+            "/health" => Some((200, "text/plain", "ok\n".to_string())),
+            _ => None,
+        };
+        Box::pin(std::future::ready(answer))
     });
     serve(address, router).await;
 }

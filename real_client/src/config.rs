@@ -59,6 +59,20 @@ pub static FLAGS: &[FlagSpec] = &[
         help: "TCP port of the transfer engine that peers read from and write to (0: any free port)",
     },
     FlagSpec {
+        name: "enable_http_server",
+        kind: FlagKind::Bool,
+        env: Some("MOONCAKE_ENABLE_CLIENT_HTTP_SERVER"),
+        default: Some("false"),
+        help: "serve /health, /metrics (Prometheus) and /status (JSON) over HTTP",
+    },
+    FlagSpec {
+        name: "http_port",
+        kind: FlagKind::Value,
+        env: Some("MOONCAKE_CLIENT_HTTP_PORT"),
+        default: Some("9300"),
+        help: "port of the HTTP server (--enable_http_server)",
+    },
+    FlagSpec {
         name: "metadata_server",
         kind: FlagKind::Value,
         env: Some("MOONCAKE_TE_META_DATA_SERVER"),
@@ -162,6 +176,8 @@ pub struct RealClientConfig {
     pub embedded_master_port: u16,
     /// Port of the transfer engine (0: any free port).
     pub transfer_port: u16,
+    /// Port of the HTTP server for /health, /metrics and /status (`None`: off).
+    pub http_port: Option<u16>,
     /// Settings of the embedded master.
     pub master: MasterConfig,
     /// Log filter.
@@ -270,6 +286,11 @@ impl RealClientConfig {
             master_address,
             embedded_master_port: flags.number("embedded_master_port")?.unwrap_or(0),
             transfer_port: flags.number("transfer_port")?.unwrap_or(0),
+            http_port: if flags.bool("enable_http_server")? {
+                Some(flags.number("http_port")?.unwrap_or(9300))
+            } else {
+                None
+            },
             master: MasterConfig {
                 default_kv_lease_ttl: lease,
                 ..MasterConfig::default()

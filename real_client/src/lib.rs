@@ -21,9 +21,11 @@ pub mod handshake;
 pub mod in_process;
 mod liveness;
 pub mod master_link;
+pub mod metrics;
 pub mod rpc;
 pub mod server;
 pub mod session;
+mod status_http;
 pub mod store;
 pub mod transfer;
 
@@ -204,6 +206,7 @@ impl RealClient {
             sessions: Default::default(),
             allowed_uids: config.allowed_uids.clone(),
             started,
+            metrics: Default::default(),
         });
         let (shutdown, _) = watch::channel(false);
         Ok(RealClient {
@@ -258,6 +261,10 @@ impl RealClient {
                 self.shutdown.subscribe(),
             ))
         });
+        let http = config.http_port.map(|port| {
+            let address = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+            tokio::spawn(status_http::serve(address, Arc::clone(&self.state)))
+        });
         let mut shutdown = self.shutdown.subscribe();
         match listener {
             Some(listener) => server::serve(listener, Arc::clone(&self.state), shutdown).await,
@@ -267,6 +274,9 @@ impl RealClient {
         }
         if let Some(task) = heartbeat {
             let _ = task.await;
+        }
+        if let Some(task) = http {
+            task.abort();
         }
         let store = &self.state.store;
         if let Err(code) = store.master().unmount_client(self.client_id).await {

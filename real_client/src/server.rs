@@ -38,6 +38,8 @@ pub struct ServerState {
     pub allowed_uids: Vec<u32>,
     /// When the process started serving.
     pub started: Instant,
+    /// Operation counters.
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl ServerState {

@@ -1,6 +1,7 @@
 """Bad input never crashes the interpreter: it is a documented error code or a Python
 exception, and the store keeps working afterwards."""
 
+import json
 import subprocess
 import sys
 
@@ -132,27 +133,89 @@ def test_null_and_wild_pointers(store, keys):
     assert store.get(keys("k")) == b"value"
 
 
-TENSOR_FROM_CALLS = [
-    "store.put_tensor_from('k', 0, 64)",
-    "store.put_tensor_from('k', 0x1000, 64)",
-    "store.upsert_tensor_from('k', 0xDEADBEEF000, 64)",
-    "store.batch_put_tensor_from(['k'], [0], [64])",
-]
+# Calls given a pointer that is neither the client's shared memory nor a registered
+# buffer. NOACCESS is a PROT_NONE page: reading it at all kills the process, so a -600
+# from these calls also shows that the memory was never read.
+TENSOR_FROM_CALLS = {
+    "store.put_tensor_from(K, 0, 64)": INVALID_PARAMS,
+    "store.put_tensor_from(K, 0x1000, 64)": INVALID_PARAMS,
+    "store.upsert_tensor_from(K, 0xDEADBEEF000, 64)": INVALID_PARAMS,
+    "store.batch_put_tensor_from([K], [0], [64])": [INVALID_PARAMS],
+    "store.put_tensor_from(K, NOACCESS, 64)": INVALID_PARAMS,
+    "store.put_tensor_from(K, NOACCESS, 4096)": INVALID_PARAMS,
+    "store.upsert_tensor_from(K, NOACCESS, 128)": INVALID_PARAMS,
+    "store.batch_put_tensor_from([K, K + '2'], [NOACCESS, NOACCESS + 64], [64, 64])": [INVALID_PARAMS] * 2,
+    "store.batch_upsert_tensor_from([K], [NOACCESS], [64])": [INVALID_PARAMS],
+    "store.put_tensor_with_parallelism_from(K, NOACCESS, 64)": INVALID_PARAMS,
+    "store.batch_upsert_tensor_with_parallelism_from([K], [NOACCESS], [64])": [INVALID_PARAMS],
+}
+
+TENSOR_FROM_CHILD = """
+import ctypes, json, sys
+from mooncake.store import MooncakeDistributedStore
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+NOACCESS = libc.mmap(None, 8192, 0, 0x22, -1, 0)  # PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS
+assert NOACCESS not in (None, ctypes.c_void_p(-1).value)
+mode, address, K = sys.argv[1:4]
+store = MooncakeDistributedStore()
+if mode == "dummy":
+    assert store.setup_dummy(8 << 20, 4 << 20, address) == 0
+elif mode == "embedded":
+    assert store.setup("localhost", "P2PHANDSHAKE", 16 << 20, 4 << 20, "tcp", "", "embedded") == 0
+for call in json.loads(sys.argv[4]):
+    print("CALL " + call, flush=True)
+    print("RESULT " + json.dumps(eval(call)), flush=True)
+if mode != "unset":
+    print("EXIST " + json.dumps(store.batch_is_exist([K, K + "2"])), flush=True)
+    store.close()
+"""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the *_tensor_from wrappers read the tensor header at the caller's pointer in Python "
-    "(ctypes from_address) before any validation: a null or wild pointer kills the interpreter "
-    "with SIGSEGV instead of returning -600",
-)
-@pytest.mark.parametrize("call", TENSOR_FROM_CALLS)
-def test_tensor_from_bad_pointer_does_not_crash(call):
+@pytest.mark.parametrize("mode", ["unset", "dummy", "embedded"])
+def test_tensor_from_bad_pointer_does_not_crash(mode, real_client, keys):
     # Run in a child: a crash must not take the test session down.
-    script = f"from mooncake.store import MooncakeDistributedStore\nstore = MooncakeDistributedStore()\nprint({call})\n"
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, f"rc {result.returncode}: {result.stderr[-2000:]}"
-    assert result.stdout.strip() in ("-600", "[-600]")
+    key = keys("k")
+    result = subprocess.run(
+        [sys.executable, "-c", TENSOR_FROM_CHILD, mode, real_client.address, key, json.dumps(list(TENSOR_FROM_CALLS))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = result.stdout.splitlines()
+    calls = [line[5:] for line in lines if line.startswith("CALL ")]
+    results = [json.loads(line[7:]) for line in lines if line.startswith("RESULT ")]
+    crashed = calls[len(results)] if len(calls) > len(results) else None
+    assert result.returncode == 0, f"rc {result.returncode} in {crashed}: {result.stderr[-2000:]}"
+    assert calls == list(TENSOR_FROM_CALLS)
+    assert dict(zip(calls, results)) == TENSOR_FROM_CALLS
+    if mode != "unset":
+        (exist,) = [json.loads(line[6:]) for line in lines if line.startswith("EXIST ")]
+        assert exist == [0, 0]  # nothing was stored
+
+
+def test_tensor_from_unregistered_ordinary_memory(store, keys):
+    array = np.arange(6, dtype=np.int64)
+    assert store.put_tensor(keys("src"), array) == OK
+    layout = np.frombuffer(store.get(keys("src")), dtype=np.uint8).copy()  # a valid layout
+    address, size = layout.ctypes.data, layout.nbytes
+    assert store.put_tensor_from(keys("a"), address, size) == INVALID_PARAMS
+    assert store.upsert_tensor_from(keys("a"), address, size) == INVALID_PARAMS
+    assert store.batch_put_tensor_from([keys("a")], [address], [size]) == [INVALID_PARAMS]
+    assert store.batch_upsert_tensor_from([keys("a")], [address], [size]) == [INVALID_PARAMS]
+    assert store.is_exist(keys("a")) == 0
+    # Registered, the same memory is accepted (copied through).
+    assert store.register_buffer(address, size) == OK
+    try:
+        assert store.put_tensor_from(keys("a"), address, size) == OK
+        assert np.array_equal(store.get_tensor(keys("a")), array)
+        # Only the registered range counts: one byte past it is refused.
+        assert store.upsert_tensor_from(keys("a"), address, size + 1) == INVALID_PARAMS
+    finally:
+        assert store.unregister_buffer(address) == OK
+    assert store.put_tensor_from(keys("b"), address, size) == INVALID_PARAMS
+    assert store.is_exist(keys("b")) == 0
 
 
 def test_pool_pointer_with_range_past_the_pool(store, keys, pool):

@@ -1,9 +1,12 @@
 """Bytes API, queries, removal, tasks and configuration, in dummy and embedded mode."""
 
+import array
+import ctypes
 import os
 import time
 import uuid
 
+import numpy as np
 import pytest
 
 from mooncake.store import ERROR_CODES, MooncakeDistributedStore, ReplicateConfig, SoftPinAction
@@ -62,6 +65,65 @@ def test_put_accepts_bytearray_and_binary_data(store, keys):
     data = bytes(range(256)) * 33
     assert store.put(keys("ba"), bytearray(data)) == OK
     assert store.get(keys("ba")) == data
+
+
+def test_bytes_like_values(store, keys):
+    data = bytes(range(256)) * 17
+    floats = np.arange(300, dtype=np.float32)
+    ints = array.array("i", range(100))
+    strided = np.arange(64, dtype=np.uint16)[::3]  # not contiguous: stored in C order
+    values = {
+        "mv": (memoryview(data), data),
+        "mv-slice": (memoryview(data)[10:20], data[10:20]),
+        "np-u8": (np.frombuffer(data, dtype=np.uint8), data),
+        "np-f32": (floats, floats.tobytes()),
+        "np-2d": (floats.reshape(30, 10), floats.tobytes()),
+        "np-strided": (strided, strided.tobytes()),
+        "array": (ints, ints.tobytes()),
+        "bytearray": (bytearray(b"ba"), b"ba"),
+    }
+    for name, (value, expected) in values.items():
+        assert store.put(keys(name), value) == OK, name
+        assert store.get(keys(name)) == expected, name
+    # The value is copied: changing the source afterwards changes nothing.
+    source = np.full(16, 7, dtype=np.uint8)
+    assert store.put(keys("copied"), source) == OK
+    source[:] = 0
+    assert store.get(keys("copied")) == bytes([7]) * 16
+
+    assert store.put_parts(keys("parts"), memoryview(b"ab"), np.frombuffer(b"cd", dtype=np.uint8), array.array("b", b"ef"), b"gh") == OK
+    assert store.get(keys("parts")) == b"abcdefgh"
+    names = keys.many(3, "batch")
+    assert store.put_batch(names, [memoryview(b"one"), np.frombuffer(b"two", dtype=np.uint8), array.array("B", b"three")]) == OK
+    assert store.get_batch(names) == [b"one", b"two", b"three"]
+
+    assert store.upsert(keys("mv"), np.frombuffer(b"replaced", dtype=np.uint8)) == OK
+    assert store.get(keys("mv")) == b"replaced"
+    assert store.upsert_parts(keys("parts"), memoryview(b"x"), array.array("b", b"y")) == OK
+    assert store.get(keys("parts")) == b"xy"
+    assert store.upsert_batch(names, [memoryview(b"1"), np.array([50], dtype=np.uint8), array.array("B", b"3")]) == OK
+    assert store.get_batch(names) == [b"1", b"2", b"3"]
+
+    # An empty buffer is an empty value (-600), like b"".
+    assert store.put(keys("empty"), memoryview(b"")) == INVALID_PARAMS
+    assert store.put(keys("empty"), np.zeros(0, dtype=np.uint8)) == INVALID_PARAMS
+    assert store.is_exist(keys("empty")) == 0
+
+
+def test_str_values_are_refused(store, keys):
+    calls = [
+        lambda: store.put(keys("s"), "text"),
+        lambda: store.put_parts(keys("s"), b"a", "b"),
+        lambda: store.put_batch([keys("s")], ["text"]),
+        lambda: store.upsert(keys("s"), "text"),
+        lambda: store.upsert_parts(keys("s"), "text"),
+        lambda: store.upsert_batch([keys("s"), keys("t")], [b"ok", "text"]),
+    ]
+    for index, call in enumerate(calls):
+        with pytest.raises(TypeError):
+            call()
+            pytest.fail(f"call #{index} did not raise")
+    assert store.batch_is_exist([keys("s"), keys("t")]) == [0, 0]
 
 
 def test_put_of_existing_key_succeeds_without_overwriting(store, keys):
@@ -274,6 +336,11 @@ def test_get_replica_desc(store, keys):
     assert replica["size"] == 1000
     assert replica["status"] == "complete"
     assert isinstance(replica["offset"], int)
+    # The owner's transfer endpoint ("host:port"; empty only inside a master's process).
+    assert isinstance(replica["endpoint"], str)
+    host, _, port = replica["endpoint"].rpartition(":")
+    assert host and port.isdigit(), replica
+    assert set(replica) == {"type", "segment_name", "segment_id", "offset", "endpoint", "size", "status"}
     assert store.get_replica_desc(keys("missing")) == []
     batch = store.batch_get_replica_desc([key, keys("missing")])
     assert batch == {key: replicas}
@@ -339,7 +406,8 @@ def test_copy_task_to_own_segment(store, keys):
     assert info["key"] == key
     assert info["type"] == "copy"
     assert info["targets"] == [store.get_hostname()]
-    assert uuid.UUID(int=info["id"]) == task
+    assert isinstance(info["id"], uuid.UUID)
+    assert info["id"] == task
     assert store.query_task(task.int) == (info, OK)
     assert store.get(key) == b"copy me"
 
@@ -352,6 +420,7 @@ def test_move_task_within_own_segment(store, keys):
     assert code == OK and task is not None
     info, code = store.query_task(task)
     assert code == OK and info["type"] == "move" and info["status"] == "success"
+    assert info["id"] == task and isinstance(info["id"], uuid.UUID)
     assert store.create_move_task(key, "elsewhere:1", me) == (None, ERROR_CODES["REPLICA_NOT_FOUND"])
 
 
@@ -474,3 +543,39 @@ def test_full_segment_refuses_writes_cleanly(start_client, connect):
     assert store.remove("fill-1") == OK  # never read: no lease, freed at once
     assert store.put("after-remove", b"y" * (1 << 20), pinned) == OK
     assert store.get("after-remove") == b"y" * (1 << 20)
+
+
+# ----- upstream's keyword names -----
+
+
+def test_upstream_keyword_names(store, keys, pool):
+    a, b = np.arange(6, dtype=np.int32).reshape(2, 3), np.arange(4, dtype=np.float64)
+    names = [keys("t0"), keys("t1")]
+    assert store.batch_put_tensor(keys=names, tensors_list=[a, b]) == [OK, OK]
+    assert store.batch_upsert_tensor(keys=names, tensors_list=[b, a]) == [OK, OK]
+    assert np.array_equal(store.get_tensor(names[0]), b)
+    tp_names = [keys("tp0"), keys("tp1")]
+    assert store.batch_put_tensor_with_tp(base_keys=tp_names, tensors_list=[a, a + 1], tp_size=2, split_dim=0) == [OK, OK]
+    shards = store.batch_get_tensor_with_tp(base_keys=tp_names, tp_rank=1, tp_size=2)
+    assert np.array_equal(shards[0], a[1:]) and np.array_equal(shards[1], a[1:] + 1)
+
+    assert store.put(keys("mb"), b"multi-buffer") == OK
+    out = pool(64)
+    got = store.batch_get_into_multi_buffers(
+        keys=[keys("mb")], all_buffer_ptrs=[[out, out + 32]], all_sizes=[[5, 32]], prefer_alloc_in_same_node=False
+    )
+    assert got == [12]
+    assert ctypes.string_at(out, 5) + ctypes.string_at(out + 32, 7) == b"multi-buffer"
+
+    assert store.get(keys("mb")) == b"multi-buffer"  # leased: needs force
+    assert store.remove_by_regex(regex_pattern=keys.pattern + "-mb$", force=False) == 0
+    assert store.remove_by_regex(regex_pattern=keys.pattern + "-mb$", force=True) == 1
+    assert store.is_exist(keys("mb")) == 0
+
+    # The former names are gone.
+    with pytest.raises(TypeError):
+        store.remove_by_regex(regex=keys.pattern)
+    with pytest.raises(TypeError):
+        store.batch_put_tensor(names, tensors=[a, b])
+    with pytest.raises(TypeError):
+        store.batch_get_into_multi_buffers([keys("mb")], [[out]], [[64]], prefer_same_node=True)

@@ -10,6 +10,8 @@ import pytest
 
 from mooncake_testlib import buffer_address, dummy_entries, read_at, write_at
 
+from mooncake.store import BufferHandle
+
 OK = 0
 NO_AVAILABLE_HANDLE = -200
 INVALID_PARAMS = -600
@@ -160,7 +162,31 @@ def test_get_buffer_contents(store, keys):
     assert np.frombuffer(handle, dtype=np.uint8).tolist() == list(data)
     assert read_at(handle.ptr(), len(data)) == data
     assert "BufferHandle" in repr(handle)
+    assert isinstance(handle, BufferHandle)
+    assert not hasattr(handle, "release")  # the handle frees its block when collected
     assert store.get_buffer(keys("missing")) is None
+
+
+def test_live_handle_block_cannot_be_freed(store, keys):
+    data = b"owned by the handle" * 100
+    assert store.put(keys("h"), data) == OK
+    handle = store.get_buffer(keys("h"))
+    view = np.frombuffer(handle, dtype=np.uint8)
+    assert store.free_to_mem_pool(handle.ptr()) == INVALID_PARAMS
+    assert bytes(handle) == data
+    # Nothing else got the block: new allocations and objects leave it untouched.
+    blocks = [store.alloc_from_mem_pool(len(data)) for _ in range(8)]
+    assert handle.ptr() not in blocks
+    for block in blocks:
+        ctypes.memset(block, 0xAB, len(data))
+    assert view.tobytes() == data
+    for block in blocks:
+        assert store.free_to_mem_pool(block) == OK
+    handles = store.batch_get_buffer([keys("h")])
+    assert isinstance(handles[0], BufferHandle)
+    assert store.free_to_mem_pool(handles[0].ptr()) == INVALID_PARAMS
+    del handle, view, handles
+    gc.collect()
 
 
 def test_get_buffer_stays_valid_after_remove_and_new_writes(store, keys, pool):
@@ -202,11 +228,22 @@ def _handle_returns_block(store):
     assert pool_segments() == 2, "the pool grew: the handle's block was not returned"
     assert store.free_to_mem_pool(whole) == OK
 
-    released = store.get_buffer("b")
-    released.release()
+    # The handle owns its block: the application cannot free it (-600), and it stays
+    # allocated (and intact) until the handle is garbage-collected.
+    handle = store.get_buffer("b")
+    ptr = handle.ptr()
+    assert store.free_to_mem_pool(ptr) == INVALID_PARAMS
+    assert store.free_to_mem_pool(ptr) == INVALID_PARAMS
+    filler = store.alloc_from_mem_pool(32 * MB)
+    ctypes.memset(filler, 0xEE, 32 * MB)
+    assert bytes(handle) == b"x" * 5000
+    assert store.free_to_mem_pool(filler) == OK
+    del handle
+    gc.collect()
     whole = store.alloc_from_mem_pool(64 * MB)
     assert whole != 0 and pool_segments() == 2
     assert store.free_to_mem_pool(whole) == OK
+    assert store.free_to_mem_pool(ptr) == INVALID_PARAMS  # freed by the handle, once
 
 
 def test_get_buffer_block_returns_to_the_pool_dummy(start_client, connect):
@@ -429,23 +466,15 @@ def test_register_ordinary_memory_larger_than_staging(store, keys):
         assert store.put_from(keys("big"), array.ctypes.data, array.nbytes) == OK
         out = np.zeros_like(array)
         assert store.register_buffer(out.ctypes.data, out.nbytes) == OK
-        result = store.get_into(keys("big"), out.ctypes.data, out.nbytes)
-        # Either copied through (any way) or refused cleanly; never wrong bytes.
-        assert result in (array.nbytes, NO_AVAILABLE_HANDLE), result
-        if result > 0:
-            assert np.array_equal(out, array)
+        # Larger than the staging buffer: read inline and copied in.
+        assert store.get_into(keys("big"), out.ctypes.data, out.nbytes) == array.nbytes
+        assert np.array_equal(out, array)
         assert store.unregister_buffer(out.ctypes.data) == OK
         assert store.get(keys("big")) == array.tobytes()
     finally:
         store.unregister_buffer(array.ctypes.data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="overlapping registrations shadow each other: after register_buffer(p, 1000) and "
-    "register_buffer(p + 10, 10), a range inside the first (p + 500, 10) is refused with -600, "
-    "because DummyMemory::classify only looks at the registration with the nearest start",
-)
 def test_nested_registrations_of_ordinary_memory(store, keys):
     array = np.zeros(1000, dtype=np.uint8)
     address = array.ctypes.data
@@ -456,9 +485,70 @@ def test_nested_registrations_of_ordinary_memory(store, keys):
         assert store.put_from(keys("inner"), address + 12, 5) == OK
         assert store.put_from(keys("outer"), address + 500, 10) == OK
         assert store.get(keys("outer")) == bytes([7]) * 10
+        assert store.get_into(keys("outer"), address + 900, 10) == 10
+        assert array[900:910].tolist() == [7] * 10
+        # Still refused past the end of the outer registration.
+        assert store.put_from(keys("past"), address + 995, 10) == INVALID_PARAMS
+        # Unregistering the inner one leaves the outer one working (and vice versa).
+        assert store.unregister_buffer(address + 10) == OK
+        assert store.put_from(keys("inner2"), address + 12, 5) == OK
+        assert store.register_buffer(address + 10, 10) == OK
+        assert store.unregister_buffer(address) == OK
+        assert store.put_from(keys("inner3"), address + 12, 5) == OK
+        assert store.put_from(keys("outer2"), address + 500, 10) == INVALID_PARAMS
     finally:
         store.unregister_buffer(address + 10)
         store.unregister_buffer(address)
+
+
+def _get_into_larger_than_staging(store, keys):
+    """A registered 16 MiB numpy buffer, a 4 MiB staging buffer and an 8 MiB object:
+    get_into falls back to an inline transfer."""
+    data = np.random.default_rng(7).integers(0, 256, 8 * MB, dtype=np.uint8)
+    assert store.put(keys("obj"), data) == OK
+    out = np.zeros(16 * MB, dtype=np.uint8)
+    address = out.ctypes.data
+    assert store.register_buffer(address, out.nbytes) == OK
+    try:
+        assert store.get_into(keys("obj"), address, out.nbytes) == data.nbytes
+        assert np.array_equal(out[: data.nbytes], data)
+        assert not out[data.nbytes :].any()  # nothing past the object
+        # At an offset, and in a batch next to a small object.
+        out[:] = 0
+        assert store.put(keys("small"), b"small one") == OK
+        result = store.batch_get_into([keys("small"), keys("obj")], [address, address + MB], [MB, 15 * MB])
+        assert result == [9, data.nbytes]
+        assert out[:9].tobytes() == b"small one"
+        assert np.array_equal(out[MB : MB + data.nbytes], data)
+        # Exact fit, too small, missing key.
+        assert store.get_into(keys("obj"), address + 8 * MB, 8 * MB) == data.nbytes
+        assert np.array_equal(out[8 * MB :], data)
+        out[:] = 0
+        assert store.get_into(keys("obj"), address, 8 * MB - 1) == INVALID_PARAMS
+        assert store.get_into(keys("obj"), address, 6 * MB) == INVALID_PARAMS
+        assert store.get_into(keys("missing"), address, out.nbytes) == OBJECT_NOT_FOUND
+        assert not out.any()
+        # Past the end of the registered buffer: refused.
+        assert store.get_into(keys("obj"), address + 9 * MB, 8 * MB) == INVALID_PARAMS
+        assert not out.any()
+    finally:
+        assert store.unregister_buffer(address) == OK
+    # No longer registered: refused, untouched.
+    assert store.get_into(keys("obj"), address, out.nbytes) == INVALID_PARAMS
+    assert not out.any()
+    assert store.health_check() == 0
+
+
+def test_get_into_registered_buffer_larger_than_staging_dummy(real_client, connect, keys):
+    store = connect(real_client.address, pool=16 * MB, staging=4 * MB)
+    try:
+        _get_into_larger_than_staging(store, keys)
+    finally:
+        store.remove_by_regex(keys.pattern, True)
+
+
+def test_get_into_registered_buffer_larger_than_staging_embedded(embedded, keys):
+    _get_into_larger_than_staging(embedded(segment=64 * MB, staging=4 * MB), keys)
 
 
 def test_register_buffer_rejects_null_and_empty(store, pool):

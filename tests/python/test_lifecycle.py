@@ -102,21 +102,17 @@ def test_store_never_set_up():
     _every_call_fails_cleanly(store)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="close() leaves the session (and its mapped pool/staging) registered in the real "
-    "client until the Python object is garbage-collected: the dummy's current-thread tokio "
-    "runtime is not driven after close, so the dropped tarpc client never closes the socket",
-)
 def test_close_detaches_the_dummy(start_client, connect):
     client = start_client()
     watcher = connect(client.address, pool=2 * MB, staging=2 * MB)
     store = connect(client.address, pool=8 * MB, staging=4 * MB)
-    assert wait_until(lambda: len(watcher.status()["dummies"]) == 2)
-    store.close()
+    # Listed as soon as setup_dummy returns.
+    assert len(watcher.status()["dummies"]) == 2
+    store.close()  # the object stays alive (the fixture holds it): close() alone detaches
     assert wait_until(lambda: len(watcher.status()["dummies"]) == 1, timeout=2)
     (left,) = watcher.status()["dummies"]
     assert left["mapped_bytes"] == 4 * MB
+    assert store.health_check() == 1
 
 
 def test_dropping_a_store_detaches_the_dummy(start_client, connect):
@@ -132,13 +128,16 @@ def test_dropping_a_store_detaches_the_dummy(start_client, connect):
     assert left["mapped_bytes"] == 4 * MB
 
 
-@pytest.mark.xfail(strict=True, reason="register_buffer after close() returns 0 (it never checks the closed state)")
 def test_register_buffer_after_close_fails(real_client, connect):
     store = connect(real_client.address, pool=4 * MB, staging=4 * MB)
     data = bytearray(64)
     address = buffer_address(data)
+    assert store.register_buffer(address, len(data)) == OK
     store.close()
-    assert store.register_buffer(address, len(data)) < 0
+    assert store.register_buffer(address, len(data)) == RPC_FAIL
+    assert store.register_buffer(address + 8, 8) == RPC_FAIL
+    assert store.unregister_buffer(address) == RPC_FAIL
+    assert store.put_from("after-close", address, 8) < 0
 
 
 def test_setup_again_after_close(start_client, connect):
@@ -271,6 +270,47 @@ def test_setup_dict_form(embedded):
         assert store.put("k", b"dict") == OK and store.get("k") == b"dict"
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("value", ["false", "False", "0", "no", "off", False, 0, None])
+def test_setup_dict_ssd_offload_off(value):
+    store = MooncakeDistributedStore()
+    config = {
+        "local_hostname": "offhost",
+        "global_segment_size": 16 * MB,
+        "local_buffer_size": 4 * MB,
+        "protocol": "tcp",
+        "master_server_addr": "embedded",
+        "enable_ssd_offload": value,
+    }
+    if value is None:
+        del config["enable_ssd_offload"]
+    assert store.setup(config) == OK
+    try:
+        assert store.health_check() == 0
+        assert store.put("k", b"no offload") == OK and store.get("k") == b"no offload"
+    finally:
+        store.close()
+
+
+def test_setup_dict_ssd_offload_on_or_invalid():
+    config = {
+        "local_hostname": "onhost",
+        "global_segment_size": 16 * MB,
+        "local_buffer_size": 4 * MB,
+        "protocol": "tcp",
+        "master_server_addr": "embedded",
+    }
+    # Offload asked for (as a string or a bool): this build has no SSD tier, so -1.
+    for value in ("true", "True", "1", True):
+        store = MooncakeDistributedStore()
+        assert store.setup({**config, "enable_ssd_offload": value}) == -1, value
+        assert store.health_check() == 1
+    # A string that is not a boolean is a ValueError (before anything starts).
+    store = MooncakeDistributedStore()
+    with pytest.raises(ValueError):
+        store.setup({**config, "enable_ssd_offload": "maybe"})
+    assert store.health_check() == 1
 
 
 def test_setup_embedded_rejects_bad_settings():

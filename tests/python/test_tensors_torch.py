@@ -60,6 +60,10 @@ def test_upstream_tensor_operations(store, keys, pool):
     assert_same(store.get_tensor(keys("upsert")), t + 2)
     assert store.pub_tensor(keys("pub"), t + 3) == OK
     assert_same(store.get_tensor(keys("pub")), t + 3)
+    assert store.pub_tensor(keys("pub"), t + 7) == OK  # a put: the first value stays
+    assert_same(store.get_tensor(keys("pub")), t + 3)
+    assert store.batch_pub_tensor([keys("pub"), keys("pub2")], [t, t + 8]) == [OK, OK]
+    assert_same(store.get_tensor(keys("pub2")), t + 8)
 
     assert store.put_tensor_with_tp(keys("tp"), t, tp_size=2, split_dim=1) == OK
     for rank in range(2):
@@ -87,13 +91,41 @@ def test_upstream_tensor_operations(store, keys, pool):
 def test_torch_tp_shards_follow_torch_chunk(store, keys, tp_size, split_dim):
     t = torch.arange(35, dtype=torch.int32).reshape(5, 7)
     key = keys("tp")
-    assert store.put_tensor_with_tp(key, t, tp_size=tp_size, split_dim=split_dim) == OK
     chunks = torch.chunk(t, tp_size, dim=split_dim)
+    code = store.put_tensor_with_tp(key, t, tp_size=tp_size, split_dim=split_dim)
+    shard_keys = [f"{key}_tp_{r}" for r in range(tp_size + 1)]
+    if len(chunks) < tp_size:
+        # torch.chunk gave fewer than tp_size chunks (5 rows in 4 parts: 3): refused.
+        assert code == INVALID_PARAMS
+        assert store.batch_is_exist([key, *shard_keys]) == [0] * (tp_size + 2)
+        return
+    assert code == OK
+    if tp_size == 1:
+        assert store.batch_is_exist([key, f"{key}_tp_0"]) == [1, 0]
+        assert_same(store.get_tensor(key), t)
+        assert_same(store.get_tensor_with_tp(key, tp_rank=0, tp_size=1), t)
+        return
     for rank, chunk in enumerate(chunks):
         assert_same(store.get_tensor_with_tp(key, tp_rank=rank, tp_size=tp_size, split_dim=split_dim), chunk.contiguous())
-    # torch.chunk may return fewer than tp_size chunks; no shard exists past them.
-    for rank in range(len(chunks), tp_size + 1):
-        assert store.get_tensor_with_tp(key, tp_rank=rank, tp_size=tp_size) is None
+    assert store.is_exist(key) == 0
+    assert store.get_tensor_with_tp(key, tp_rank=tp_size, tp_size=tp_size) is None
+
+
+def test_torch_tp_pub_and_into(store, keys, pool):
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    key = keys("pub")
+    assert store.pub_tensor_with_tp(key, t, tp_size=2, split_dim=1) == OK
+    assert store.pub_tensor_with_tp(key, t + 1, tp_size=2, split_dim=1) == OK  # a put: kept
+    chunks = torch.chunk(t, 2, dim=1)
+    assert_same(store.get_tensor_with_tp(key, tp_rank=1, tp_size=2), chunks[1].contiguous())
+    assert store.batch_pub_tensor_with_tp([keys("b")], [t], tp_size=2, split_dim=0) == [OK]
+    assert store.pub_tensor_with_tp(keys("few"), torch.zeros(3, 4), tp_size=3, split_dim=1) == INVALID_PARAMS
+    size = store.get_size(f"{key}_tp_0")
+    ptr = pool(2 * size)
+    assert_same(store.get_tensor_with_tp_into(key, ptr, size, tp_rank=0, tp_size=2), chunks[0].contiguous())
+    got = store.batch_get_tensor_with_tp_into([key, keys("b")], [ptr, ptr + size], [size, size], tp_rank=1, tp_size=2)
+    assert_same(got[0], chunks[1].contiguous())
+    assert_same(got[1], torch.chunk(t, 2, dim=0)[1].contiguous())
 
 
 def test_mixed_put_and_put_tensor_concurrency(store, keys):

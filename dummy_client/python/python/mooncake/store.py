@@ -262,30 +262,48 @@ class MooncakeDistributedStore(_StoreBase):
         tensors = list(tensors)
         if len(keys) != len(tensors):
             return [INVALID_PARAMS] * len(keys)
-        blocks, ptrs, sizes = [], [], []
+        results = [0] * len(keys)
+        blocks, positions, ptrs, sizes = [], [], [], []
         try:
-            for tensor in tensors:
+            for index, tensor in enumerate(tensors):
                 try:
                     array, dtype_name, framework = _as_array(tensor)
                 except (TypeError, ValueError) as error:
-                    log.error("cannot store tensor: %s", error)
-                    return [INVALID_PARAMS] * len(keys)
+                    log.error("cannot store tensor under %r: %s", keys[index], error)
+                    results[index] = INVALID_PARAMS
+                    continue
                 header = _tensor.pack_header(dtype_name, array.shape, array.nbytes, framework)
                 total = len(header) + array.nbytes
                 ptr = self.alloc_from_mem_pool(total)
                 if not ptr:
-                    return [NO_AVAILABLE_HANDLE] * len(keys)
+                    results[index] = NO_AVAILABLE_HANDLE
+                    continue
                 blocks.append(ptr)
                 ctypes.memmove(ptr, header, len(header))
                 if array.nbytes:
                     ctypes.memmove(ptr + len(header), array.ctypes.data, array.nbytes)
+                positions.append(index)
                 ptrs.append(ptr)
                 sizes.append(total)
-            write = self.batch_upsert_from if upsert else self.batch_put_from
-            return write(keys, ptrs, sizes, config) if config is not None else write(keys, ptrs, sizes)
+            if positions:
+                write = self.batch_upsert_from if upsert else self.batch_put_from
+                chosen = [keys[i] for i in positions]
+                codes = write(chosen, ptrs, sizes, config) if config is not None else write(chosen, ptrs, sizes)
+                for index, code in zip(positions, codes):
+                    results[index] = code
+            return results
         finally:
             for ptr in blocks:
                 self.free_to_mem_pool(ptr)
+
+    @staticmethod
+    def _valid_pub_config(config):
+        """Upstream's check for publishing: explicit preferred segments must name one
+        segment per replica."""
+        if config is None:
+            return True
+        segments = list(config.preferred_segments)
+        return not segments or len(segments) == config.replica_num
 
     def put_tensor(self, key, tensor, config=None):
         """Stores a numpy array or torch tensor (``[TensorMetadata][data]``)."""
@@ -304,11 +322,16 @@ class MooncakeDistributedStore(_StoreBase):
         return self._write_tensors(keys, tensors_list, config, True)
 
     def pub_tensor(self, key, tensor, config=None):
-        """Publishes a tensor (as upstream: a put with the given replica config)."""
+        """Publishes a tensor (as upstream: a put with the given replica config, whose
+        explicit preferred segments must number ``replica_num``)."""
+        if not self._valid_pub_config(config):
+            return INVALID_PARAMS
         return self.put_tensor(key, tensor, config)
 
     def batch_pub_tensor(self, keys, tensors_list, config=None):
         """``pub_tensor`` for each key."""
+        if not self._valid_pub_config(config):
+            return [INVALID_PARAMS] * len(list(keys))
         return self.batch_put_tensor(keys, tensors_list, config)
 
     def get_tensor(self, key):
@@ -386,7 +409,10 @@ class MooncakeDistributedStore(_StoreBase):
         shard_keys, shards, owner = [], [], []
         result = [0] * len(keys)
         for index, (key, tensor) in enumerate(zip(keys, tensors)):
-            split = _split(tensor, tp_size, split_dim) if tp_size > 1 else [tensor]
+            try:
+                split = _split(tensor, tp_size, split_dim) if tp_size > 1 else [tensor]
+            except (IndexError, ValueError, TypeError, RuntimeError):
+                split = None
             if split is None:
                 result[index] = INVALID_PARAMS
                 continue
@@ -418,12 +444,16 @@ class MooncakeDistributedStore(_StoreBase):
         """``upsert_tensor_with_tp`` for each key."""
         return self._write_tp(base_keys, tensors_list, tp_size, split_dim, config, True)
 
-    def pub_tensor_with_tp(self, key, tensor, tp_rank=0, tp_size=1, split_dim=0, config=None):
-        """Same as ``put_tensor_with_tp``."""
+    def pub_tensor_with_tp(self, key, tensor, config=None, tp_rank=0, tp_size=1, split_dim=0):
+        """``put_tensor_with_tp`` with upstream's argument order for publishing."""
+        if not self._valid_pub_config(config):
+            return INVALID_PARAMS
         return self.put_tensor_with_tp(key, tensor, tp_rank, tp_size, split_dim, config)
 
-    def batch_pub_tensor_with_tp(self, base_keys, tensors_list, tp_rank=0, tp_size=1, split_dim=0, config=None):
-        """Same as ``batch_put_tensor_with_tp``."""
+    def batch_pub_tensor_with_tp(self, base_keys, tensors_list, config=None, tp_rank=0, tp_size=1, split_dim=0):
+        """``batch_put_tensor_with_tp`` with upstream's argument order for publishing."""
+        if not self._valid_pub_config(config):
+            return [INVALID_PARAMS] * len(list(base_keys))
         return self.batch_put_tensor_with_tp(base_keys, tensors_list, tp_rank, tp_size, split_dim, config)
 
     def get_tensor_with_tp(self, key, tp_rank=0, tp_size=1, split_dim=0):

@@ -1,0 +1,44 @@
+//! The real client's HTTP endpoints (`--enable_http_server`): `/health`, `/metrics`
+//! (Prometheus text: operation counters plus the master's view) and `/status` (JSON).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use mooncake_core::http::{self, Router};
+
+use crate::server::ServerState;
+
+/// Serves the endpoints until the task is aborted.
+pub async fn serve(address: SocketAddr, state: Arc<ServerState>) {
+    let router: Router = Arc::new(move |path| {
+        let state = Arc::clone(&state);
+        Box::pin(async move {
+            match path.as_str() {
+                "/health" => Some(if state.store.master().is_reachable().await {
+                    (200, "text/plain", "ok\n".to_string())
+                } else {
+                    (503, "text/plain", "master unreachable\n".to_string())
+                }),
+                "/metrics" => {
+                    let status = state.status().await;
+                    let mut text = state.metrics.render();
+                    text.push_str(&http::stats_metrics("client", &status.master));
+                    text.push_str(&format!(
+                        "# HELP mooncake_client_dummies Attached dummy clients.\n# TYPE mooncake_client_dummies gauge\nmooncake_client_dummies {}\n# HELP mooncake_client_mapped_bytes Dummy shared memory mapped.\n# TYPE mooncake_client_mapped_bytes gauge\nmooncake_client_mapped_bytes {}\n",
+                        status.dummies.len(),
+                        status.mapped_bytes
+                    ));
+                    Some((200, "text/plain; version=0.0.4", text))
+                }
+                "/status" => {
+                    let status = state.status().await;
+                    let json = serde_json::to_string_pretty(&status)
+                        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+                    Some((200, "application/json", json))
+                }
+                _ => None,
+            }
+        })
+    });
+    http::serve(address, router).await;
+}
