@@ -94,6 +94,17 @@ pub fn parse_bool(text: &str) -> Option<bool> {
     }
 }
 
+/// True for a log level name or a `target=level` filter list (what `--log_level`
+/// accepts).
+pub fn is_log_filter(text: &str) -> bool {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    !text.is_empty()
+        && text.split(',').all(|part| {
+            let level = part.rsplit_once('=').map_or(part, |(_, level)| level);
+            LEVELS.contains(&level.trim().to_ascii_lowercase().as_str())
+        })
+}
+
 fn normalize(name: &str) -> String {
     name.replace('-', "_")
 }
@@ -289,14 +300,16 @@ impl ParsedFlags {
         })
     }
 
-    /// An integer value of any primitive type.
+    /// A number of any primitive type (integer or float).
     pub fn number<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>, FlagError> {
         self.typed(name, |v| {
             v.trim().parse::<T>().map_err(|_| {
-                format!(
-                    "expected a whole number in the range of {}",
-                    std::any::type_name::<T>()
-                )
+                let kind = std::any::type_name::<T>();
+                if kind.starts_with('f') {
+                    "expected a number such as 0.05".to_string()
+                } else {
+                    format!("expected a whole number that fits in {kind}")
+                }
             })
         })
     }

@@ -133,7 +133,7 @@ pub static FLAGS: &[FlagSpec] = &[
         kind: FlagKind::Value,
         env: Some("MOONCAKE_TENANT_ID"),
         default: Some("default"),
-        help: "tenant whose keys this client sees",
+        help: "tenant name (accepted for compatibility; keys are not scoped by tenant in this build)",
     },
     FlagSpec {
         name: "enable_offload",
@@ -261,7 +261,7 @@ impl RealClientConfig {
             return Err(invalid("default_kv_lease_ttl", "must be larger than zero"));
         }
         let log_level = flags.string("log_level").unwrap_or_else(|| "info".into());
-        if !is_log_filter(&log_level) {
+        if !flags::is_log_filter(&log_level) {
             return Err(invalid(
                 "log_level",
                 format!(
@@ -346,16 +346,6 @@ fn parse_master_address(text: &str) -> Result<Option<String>, ConfigError> {
             format!("{text:?}: expected host:port (e.g. 10.0.0.1:50051) or embedded"),
         )),
     }
-}
-
-/// True for a level name or a `target=level` filter list.
-fn is_log_filter(text: &str) -> bool {
-    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
-    !text.is_empty()
-        && text.split(',').all(|part| {
-            let level = part.rsplit_once('=').map_or(part, |(_, level)| level);
-            LEVELS.contains(&level.trim().to_ascii_lowercase().as_str())
-        })
 }
 
 fn parse_uids(text: &str) -> Result<Vec<u32>, ConfigError> {

@@ -1,6 +1,7 @@
 //! The RPC handlers a dummy's session is served by.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde_bytes::ByteBuf;
 use tarpc::context::Context;
@@ -14,6 +15,7 @@ use mooncake_core::protocol::rpc::{
 use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig};
 use mooncake_shm::MemSlice;
 
+use crate::metrics::Op;
 use crate::server::ServerState;
 use crate::session::Session;
 use crate::store::Payload;
@@ -35,6 +37,21 @@ impl DummyHandler {
                 tracing::warn!(pid = self.session.pid, %error, "rejected a dummy range");
                 ErrorCode::INVALID_PARAMS
             })
+    }
+
+    /// Records each result of a batch, sharing the batch's time among its items.
+    fn record_all<T>(
+        &self,
+        op: Op,
+        started: Instant,
+        results: &[CodeResult<T>],
+        bytes: impl Fn(&T) -> u64,
+    ) {
+        let each = started.elapsed() / u32::try_from(results.len().max(1)).unwrap_or(u32::MAX);
+        for result in results {
+            let moved = result.as_ref().map_or(0, &bytes);
+            self.state.metrics.record(op, each, moved, result);
+        }
     }
 
     fn translate_all(&self, ranges: &[MemRange]) -> CodeResult<Vec<MemSlice>> {
@@ -101,7 +118,10 @@ impl RealClientRpc for DummyHandler {
     }
 
     async fn exist(self, _: Context, keys: Vec<String>) -> Vec<CodeResult<bool>> {
-        self.state.store.master().exist(keys).await
+        let started = Instant::now();
+        let results = self.state.store.master().exist(keys).await;
+        self.record_all(Op::Exist, started, &results, |_| 0);
+        results
     }
 
     async fn object_size(self, _: Context, key: String) -> CodeResult<u64> {
@@ -117,7 +137,19 @@ impl RealClientRpc for DummyHandler {
     ) -> Vec<CodeResult<()>> {
         let mut results = Vec::with_capacity(items.len());
         for item in &items {
-            results.push(self.put_one(item, &config, mode).await);
+            let started = Instant::now();
+            let result = self.put_one(item, &config, mode).await;
+            let bytes = match &item.source {
+                PutSource::Inline(b) => b.len() as u64,
+                PutSource::Shared(ranges) => ranges.iter().map(|r| r.len).sum(),
+            };
+            self.state.metrics.record(
+                Op::Put,
+                started.elapsed(),
+                if result.is_ok() { bytes } else { 0 },
+                &result,
+            );
+            results.push(result);
         }
         results
     }
@@ -125,7 +157,15 @@ impl RealClientRpc for DummyHandler {
     async fn get(self, _: Context, items: Vec<GetItem>) -> Vec<CodeResult<u64>> {
         let mut results = Vec::with_capacity(items.len());
         for item in &items {
-            results.push(self.get_one(item).await);
+            let started = Instant::now();
+            let result = self.get_one(item).await;
+            self.state.metrics.record(
+                Op::Get,
+                started.elapsed(),
+                *result.as_ref().unwrap_or(&0),
+                &result,
+            );
+            results.push(result);
         }
         results
     }
@@ -133,7 +173,10 @@ impl RealClientRpc for DummyHandler {
     async fn get_ranges(self, _: Context, reads: Vec<RangeRead>) -> Vec<Vec<CodeResult<u64>>> {
         let mut results = Vec::with_capacity(reads.len());
         for read in &reads {
-            results.push(self.get_ranges_one(read).await);
+            let started = Instant::now();
+            let fragments = self.get_ranges_one(read).await;
+            self.record_all(Op::GetRanges, started, &fragments, |n| *n);
+            results.push(fragments);
         }
         results
     }
@@ -190,7 +233,10 @@ impl RealClientRpc for DummyHandler {
     }
 
     async fn remove(self, _: Context, keys: Vec<String>, force: bool) -> Vec<CodeResult<()>> {
-        self.state.store.master().remove(keys, force).await
+        let started = Instant::now();
+        let results = self.state.store.master().remove(keys, force).await;
+        self.record_all(Op::Remove, started, &results, |_| 0);
+        results
     }
 
     async fn remove_all(self, _: Context, force: bool) -> CodeResult<u64> {

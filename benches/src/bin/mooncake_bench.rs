@@ -7,17 +7,29 @@
 //! (from the same directory) on a private socket, with a 2 GB segment and a 1 s read
 //! lease so that each round's objects free their space soon, and stops it afterwards.
 //!
-//! Usage: `mooncake_bench [--client ADDR] [--repeats N] [--segment SIZE]`
+//! With `--sections cluster` it also starts a `mooncake_master` and two more
+//! `mooncake_client`s and measures node-to-node `put_from`/`get_into` over the TCP
+//! transfer engine next to raw loopback TCP; `--sections master` measures the master's
+//! put-start+put-end pairs per second on 1 k and 1 M keys and its memory per key.
+//!
+//! Usage: `mooncake_bench [--client ADDR] [--repeats N] [--segment SIZE]
+//! [--sections dummy,cluster,master]`
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mooncake_dummy_client::{DummyClient, ReplicateConfig};
 
+#[path = "../cluster.rs"]
+mod cluster;
+#[path = "../master.rs"]
+mod master;
+
 struct Options {
     client: Option<String>,
     repeats: usize,
     segment: String,
+    sections: Vec<String>,
 }
 
 fn parse_options() -> Result<Options, String> {
@@ -25,6 +37,7 @@ fn parse_options() -> Result<Options, String> {
         client: None,
         repeats: 5,
         segment: "2GB".into(),
+        sections: vec!["dummy".into(), "cluster".into(), "master".into()],
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -46,6 +59,9 @@ fn parse_options() -> Result<Options, String> {
                     .map_err(|_| "--repeats needs a number".to_string())?
             }
             "segment" => options.segment = value()?,
+            "sections" => {
+                options.sections = value()?.split(',').map(|s| s.trim().to_string()).collect()
+            }
             "help" | "h" => {
                 return Err(
                     "usage: mooncake_bench [--client ADDR] [--repeats N] [--segment SIZE]".into(),
@@ -283,7 +299,18 @@ fn run(options: &Options) -> Result<(), String> {
 }
 
 fn main() {
-    let result = parse_options().and_then(|options| run(&options));
+    let result = parse_options().and_then(|options| {
+        if options.sections.iter().any(|s| s == "dummy") {
+            run(&options)?;
+        }
+        if options.sections.iter().any(|s| s == "cluster") {
+            cluster::run(options.repeats)?;
+        }
+        if options.sections.iter().any(|s| s == "master") {
+            master::run();
+        }
+        Ok(())
+    });
     if let Err(message) = result {
         eprintln!("mooncake_bench: {message}");
         std::process::exit(2);

@@ -311,6 +311,12 @@ impl MasterDaemonConfig {
             ..MasterConfig::default()
         };
         master.validate().map_err(DaemonConfigError::Invalid)?;
+        let log_level = flags.string("log_level").unwrap_or_else(|| "info".into());
+        if !flags::is_log_filter(&log_level) {
+            return Err(DaemonConfigError::Invalid(format!(
+                "--log_level {log_level:?}: use error, warn, info, debug or trace"
+            )));
+        }
         Ok(MasterDaemonConfig {
             rpc_address: address(&host, port, "rpc_address")?,
             threads: number(flags, "rpc_thread_num")?,
@@ -322,7 +328,7 @@ impl MasterDaemonConfig {
             metric_reporting: flags.bool("enable_metric_reporting")?,
             cluster_id: flags.string("cluster_id").unwrap_or_default(),
             master,
-            log_level: flags.string("log_level").unwrap_or_else(|| "info".into()),
+            log_level,
         })
     }
 }

@@ -52,9 +52,9 @@ pub struct PendingWrite {
     pub version: Version,
     /// When the write began (for zombie-write cleanup).
     pub started: Instant,
-    /// Soft-pin deadline change applied when the write completes: `None` keeps the
-    /// object's pin, `Some(None)` clears it, `Some(Some(t))` pins until `t`.
-    pub soft_pin: Option<Option<Instant>>,
+    /// Soft-pin change applied when the write completes: `None` keeps the object's
+    /// pin, `Some(None)` clears it, `Some(Some(ttl))` pins for `ttl` from completion.
+    pub soft_pin: Option<Option<std::time::Duration>>,
 }
 
 /// Metadata of one object: the readable version (if any) and a write in progress (if
@@ -64,8 +64,8 @@ pub struct PendingWrite {
 pub struct ObjectEntry {
     /// The version readers get.
     pub readable: Option<Version>,
-    /// A write in progress.
-    pub pending: Option<PendingWrite>,
+    /// A write in progress (boxed: rare, and it keeps idle entries small).
+    pub pending: Option<Box<PendingWrite>>,
     /// Removal (unless forced) is refused until this instant; it doubles as the LRU stamp.
     pub lease_until: Instant,
     /// Eviction skips the object (in its first pass) until this instant.

@@ -127,6 +127,15 @@ impl SegmentTable {
             .ok_or(ErrorCode::SEGMENT_NOT_FOUND)
     }
 
+    /// The segment with this name, if mounted.
+    pub fn find_by_name(&self, name: &str) -> Option<Arc<MountedSegment>> {
+        self.segments
+            .read()
+            .values()
+            .find(|s| s.name == name)
+            .cloned()
+    }
+
     /// True when a segment with this name is mounted.
     pub fn has_name(&self, name: &str) -> bool {
         self.segments.read().values().any(|s| s.name == name)

@@ -128,6 +128,18 @@ impl MasterService {
         owner: u128,
         endpoint: &str,
     ) -> CodeResult<SegmentId> {
+        // A restarted real client comes back under the same name before its old
+        // instance's TTL runs out: the old segment went away with that process.
+        if let Some(stale) = self.segments.find_by_name(name)
+            && stale.owner != owner
+            && owner != LOCAL_OWNER
+        {
+            tracing::warn!(
+                segment = name,
+                "a new instance mounts a segment name held by an old one; dropping the old segment"
+            );
+            let _ = self.unmount_segment(stale.id);
+        }
         let id = self.segments.mount(name, capacity, owner, endpoint)?;
         if owner != LOCAL_OWNER {
             self.clients.touch(owner, self.clock.now());
@@ -223,7 +235,7 @@ impl MasterService {
             return Err(ErrorCode::INVALID_PARAMS);
         }
         let now = self.clock.now();
-        let soft_pin = self.soft_pin_change(config, now)?;
+        let soft_pin = self.soft_pin_change(config)?;
         self.release_deferred(now);
         // Check before allocating (cheap refusal), and again after: eviction may have
         // run in between without the shard lock held.
@@ -249,7 +261,7 @@ impl MasterService {
             hard_pinned: false,
         });
         entry.hard_pinned |= config.with_hard_pin;
-        entry.pending = Some(pending);
+        entry.pending = Some(Box::new(pending));
         Ok(PutStarted {
             replicas: descriptors,
         })
@@ -296,11 +308,7 @@ impl MasterService {
     }
 
     /// The soft-pin change a write asks for, validated against the limits.
-    fn soft_pin_change(
-        &self,
-        config: &ReplicateConfig,
-        now: Instant,
-    ) -> CodeResult<Option<Option<Instant>>> {
+    fn soft_pin_change(&self, config: &ReplicateConfig) -> CodeResult<Option<Option<Duration>>> {
         Ok(match config.soft_pin_action {
             SoftPinAction::Preserve => None,
             SoftPinAction::Disable => Some(None),
@@ -311,7 +319,7 @@ impl MasterService {
                 if ttl > self.config.max_kv_soft_pin_ttl {
                     return Err(ErrorCode::INVALID_PARAMS);
                 }
-                Some((!ttl.is_zero()).then(|| now + ttl))
+                Some((!ttl.is_zero()).then_some(ttl))
             }
         })
     }
@@ -369,7 +377,7 @@ impl MasterService {
         let entry = shard.get_mut(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
         let pending = entry.pending.take().ok_or(ErrorCode::INVALID_WRITE)?;
         if let Some(pin) = pending.soft_pin {
-            entry.soft_pin_until = pin;
+            entry.soft_pin_until = pin.map(|ttl| now + ttl);
         }
         if let Some(old) = entry.readable.replace(pending.version) {
             let release_at = entry.lease_until.max(now);

@@ -13,6 +13,8 @@ use super::wire::{Op, Request, read_response};
 
 /// How long connecting to a peer may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest wait for a peer to accept or deliver bytes during a transfer.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// Idle connections kept per peer.
 const POOL_PER_PEER: usize = 8;
 
@@ -36,6 +38,9 @@ impl TransferClient {
             ErrorCode::TRANSFER_FAIL
         })?;
         let _ = stream.set_nodelay(true);
+        // A peer that vanishes must not hold a transfer forever.
+        let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
+        let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
         Ok(stream)
     }
 

@@ -69,6 +69,9 @@ impl Drop for TransferServer {
 
 fn serve_connection(mut stream: TcpStream, segment: &ServedSegment) {
     let _ = stream.set_nodelay(true);
+    // Idle pooled connections may wait long between requests; a stalled peer mid-frame
+    // is dropped after the write timeout.
+    let _ = stream.set_write_timeout(Some(std::time::Duration::from_secs(30)));
     loop {
         let request = match Request::read_from(&mut stream) {
             Ok(request) => request,

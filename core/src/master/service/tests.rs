@@ -401,3 +401,21 @@ fn replica_num_spreads_over_distinct_segments() {
         .collect();
     assert_eq!(names.len(), 2);
 }
+
+#[test]
+fn a_restarted_client_replaces_its_stale_segment() {
+    let (master, _) = master(4096);
+    master
+        .mount_segment("node-b:1", 4096, 1, "e")
+        .expect("mount");
+    put(&master, "x", 10).expect("put");
+    let id = master
+        .mount_segment("node-b:1", 4096, 2, "e")
+        .expect("new instance");
+    assert!(master.stats().segments.iter().any(|s| s.id == id));
+    assert_eq!(master.stats().segments.len(), 2);
+    assert_eq!(
+        master.mount_segment("node-b:1", 4096, 2, "e"),
+        Err(ErrorCode::SEGMENT_ALREADY_EXISTS)
+    );
+}
