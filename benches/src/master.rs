@@ -33,8 +33,8 @@ fn pairs_per_second(keys: u64, threads: u64) -> (f64, f64) {
                 let config = ReplicateConfig::default();
                 for i in (t..keys).step_by(usize::try_from(threads).unwrap_or(1)) {
                     let key = format!("layer-{i:012}");
-                    if master.put_start(&key, 4096, &config).is_ok() {
-                        let _ = master.put_end(&key);
+                    if let Ok(started) = master.put_start(&key, 4096, &config) {
+                        let _ = master.put_end(&key, started.write_id);
                     }
                 }
             })

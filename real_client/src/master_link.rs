@@ -192,18 +192,20 @@ impl MasterLink {
     }
 
     /// Completes a write.
-    pub async fn put_end(&self, key: &str) -> CodeResult<()> {
+    pub async fn put_end(&self, key: &str, write_id: u64) -> CodeResult<()> {
         match self {
-            MasterLink::Embedded(m) => m.put_end(key),
-            MasterLink::Remote(r) => remote!(r, |c| c.put_end(ctx(), key.to_string()))?,
+            MasterLink::Embedded(m) => m.put_end(key, write_id),
+            MasterLink::Remote(r) => remote!(r, |c| c.put_end(ctx(), key.to_string(), write_id))?,
         }
     }
 
     /// Abandons a write.
-    pub async fn put_revoke(&self, key: &str) -> CodeResult<()> {
+    pub async fn put_revoke(&self, key: &str, write_id: u64) -> CodeResult<()> {
         match self {
-            MasterLink::Embedded(m) => m.put_revoke(key),
-            MasterLink::Remote(r) => remote!(r, |c| c.put_revoke(ctx(), key.to_string()))?,
+            MasterLink::Embedded(m) => m.put_revoke(key, write_id),
+            MasterLink::Remote(r) => {
+                remote!(r, |c| c.put_revoke(ctx(), key.to_string(), write_id))?
+            }
         }
     }
 

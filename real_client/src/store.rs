@@ -180,9 +180,9 @@ impl Store {
             .iter()
             .try_for_each(|replica| self.write_replica(replica, payload));
         match written {
-            Ok(()) => self.master.put_end(key).await,
+            Ok(()) => self.master.put_end(key, started.write_id).await,
             Err(code) => {
-                let _ = self.master.put_revoke(key).await;
+                let _ = self.master.put_revoke(key, started.write_id).await;
                 Err(code)
             }
         }

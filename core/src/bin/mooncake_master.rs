@@ -18,13 +18,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.log_level))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    mooncake_core::process::init_logging(&config.log_level);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if config.threads > 0 {
         builder.worker_threads(config.threads);
@@ -37,7 +31,11 @@ fn main() -> ExitCode {
         }
     };
     let master_id = random_id();
-    match runtime.block_on(run(config, master_id, shutdown_signal())) {
+    match runtime.block_on(run(
+        config,
+        master_id,
+        mooncake_core::process::shutdown_signal("mooncake_master"),
+    )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("mooncake_master: {error}");
@@ -51,19 +49,4 @@ fn random_id() -> u128 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     nanos ^ (u128::from(std::process::id()) << 64)
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        eprintln!("mooncake_master: cannot install signal handlers; stop it with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
-    }
 }

@@ -55,6 +55,8 @@ pub struct PendingWrite {
     /// Soft-pin change applied when the write completes: `None` keeps the object's
     /// pin, `Some(None)` clears it, `Some(Some(ttl))` pins for `ttl` from completion.
     pub soft_pin: Option<Option<std::time::Duration>>,
+    /// Identifies the writer (see `PutStarted::write_id`).
+    pub write_id: u64,
 }
 
 /// Metadata of one object: the readable version (if any) and a write in progress (if

@@ -77,12 +77,12 @@ impl MasterRpc for MasterHandler {
         }
     }
 
-    async fn put_end(self, _: Context, key: String) -> CodeResult<()> {
-        self.master.put_end(&key)
+    async fn put_end(self, _: Context, key: String, write_id: u64) -> CodeResult<()> {
+        self.master.put_end(&key, write_id)
     }
 
-    async fn put_revoke(self, _: Context, key: String) -> CodeResult<()> {
-        self.master.put_revoke(&key)
+    async fn put_revoke(self, _: Context, key: String, write_id: u64) -> CodeResult<()> {
+        self.master.put_revoke(&key, write_id)
     }
 
     async fn get_replica_list(

@@ -26,6 +26,9 @@ use super::tasks::{TaskInfo, TaskKind, TaskStatus, TaskTable};
 pub struct PutStarted {
     /// Where to copy the bytes (one entry per replica).
     pub replicas: Vec<ReplicaDescriptor>,
+    /// Identifies this write in `put_end` / `put_revoke`, so a writer whose write was
+    /// discarded (it was too slow) cannot complete or cancel a newer writer's.
+    pub write_id: u64,
 }
 
 /// Counters for status reports.
@@ -67,6 +70,7 @@ pub struct MasterService {
     pub(super) clients: ClientTable,
     pub(super) evicted_objects: AtomicU64,
     placement_seed: AtomicU64,
+    write_ids: AtomicU64,
 }
 
 impl std::fmt::Debug for MasterService {
@@ -95,6 +99,7 @@ impl MasterService {
             clients: ClientTable::default(),
             evicted_objects: AtomicU64::new(0),
             placement_seed: AtomicU64::new(0),
+            write_ids: AtomicU64::new(0),
         }
     }
 
@@ -133,6 +138,7 @@ impl MasterService {
         if let Some(stale) = self.segments.find_by_name(name)
             && stale.owner != owner
             && owner != LOCAL_OWNER
+            && stale.owner != LOCAL_OWNER
         {
             tracing::warn!(
                 segment = name,
@@ -248,10 +254,12 @@ impl MasterService {
         }
         let version = Version { size, replicas };
         let descriptors = version.descriptors(ReplicaStatus::Processing);
+        let write_id = self.write_ids.fetch_add(1, Ordering::Relaxed) + 1;
         let pending = PendingWrite {
             version,
             started: now,
             soft_pin,
+            write_id,
         };
         let entry = shard.entry(key.into()).or_insert_with(|| ObjectEntry {
             readable: None,
@@ -264,6 +272,7 @@ impl MasterService {
         entry.pending = Some(Box::new(pending));
         Ok(PutStarted {
             replicas: descriptors,
+            write_id,
         })
     }
 
@@ -371,11 +380,11 @@ impl MasterService {
 
     /// Completes a write: the new version becomes readable (an upsert's old version is
     /// released once its readers' leases end).
-    pub fn put_end(&self, key: &str) -> CodeResult<()> {
+    pub fn put_end(&self, key: &str, write_id: u64) -> CodeResult<()> {
         let now = self.clock.now();
         let mut shard = self.shard(key).lock();
         let entry = shard.get_mut(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        let pending = entry.pending.take().ok_or(ErrorCode::INVALID_WRITE)?;
+        let pending = take_pending(entry, write_id)?;
         if let Some(pin) = pending.soft_pin {
             entry.soft_pin_until = pin.map(|ttl| now + ttl);
         }
@@ -388,10 +397,10 @@ impl MasterService {
     }
 
     /// Abandons a write in progress and frees its space; an upsert's old version stays.
-    pub fn put_revoke(&self, key: &str) -> CodeResult<()> {
+    pub fn put_revoke(&self, key: &str, write_id: u64) -> CodeResult<()> {
         let mut shard = self.shard(key).lock();
         let entry = shard.get_mut(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        let pending = entry.pending.take().ok_or(ErrorCode::INVALID_WRITE)?;
+        let pending = take_pending(entry, write_id)?;
         free_now(pending.version.replicas);
         if !entry.is_readable() {
             shard.remove(key);
@@ -575,6 +584,15 @@ impl MasterService {
         self.tasks.get(id).ok_or(ErrorCode::TASK_NOT_FOUND)
     }
 
+    /// The id of the write in progress on `key`, if any (tests and tools).
+    pub fn pending_write_id(&self, key: &str) -> Option<u64> {
+        self.shard(key)
+            .lock()
+            .get(key)
+            .and_then(|e| e.pending.as_ref())
+            .map(|p| p.write_id)
+    }
+
     /// Object counts and segment usage.
     pub fn stats(&self) -> MasterStats {
         let mut stats = MasterStats {
@@ -645,6 +663,17 @@ impl MasterService {
     /// The mounted segment with this id.
     pub fn segment(&self, id: SegmentId) -> Option<Arc<MountedSegment>> {
         self.segments.get(id)
+    }
+}
+
+/// Takes the entry's write in progress if it is the write `write_id`; a write that was
+/// discarded and replaced is `INVALID_WRITE` (the newer write stays untouched).
+fn take_pending(entry: &mut ObjectEntry, write_id: u64) -> CodeResult<Box<PendingWrite>> {
+    match &entry.pending {
+        Some(pending) if pending.write_id == write_id => {
+            entry.pending.take().ok_or(ErrorCode::INVALID_WRITE)
+        }
+        _ => Err(ErrorCode::INVALID_WRITE),
     }
 }
 

@@ -8,7 +8,7 @@ use crate::protocol::rpc::WriteMode;
 use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 /// Version of the master protocol; clients and master must agree exactly.
-pub const MASTER_PROTOCOL_VERSION: u32 = 1;
+pub const MASTER_PROTOCOL_VERSION: u32 = 2;
 
 /// Answer to [`MasterRpc::hello`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,9 +45,9 @@ pub trait MasterRpc {
         mode: WriteMode,
     ) -> CodeResult<PutStarted>;
     /// Completes a write.
-    async fn put_end(key: String) -> CodeResult<()>;
+    async fn put_end(key: String, write_id: u64) -> CodeResult<()>;
     /// Abandons a write.
-    async fn put_revoke(key: String) -> CodeResult<()>;
+    async fn put_revoke(key: String, write_id: u64) -> CodeResult<()>;
     /// Replicas of a readable object and the lease length in ms; grants a lease.
     async fn get_replica_list(key: String) -> CodeResult<(Vec<ReplicaDescriptor>, u64)>;
     /// Existence per key (grants leases).

@@ -194,15 +194,27 @@ impl PyStore {
         client_http_port: u16,
     ) -> PyResult<i64> {
         init_logging();
-        let _ = (
-            engine,
-            ssd_offload_path,
-            enable_client_http_server,
-            client_http_port,
-        );
+        let _ = (engine, ssd_offload_path);
         let settings = if let Ok(dict) = local_hostname.cast::<PyDict>() {
             let get = |key: &str| dict.get_item(key).ok().flatten();
+            let http = match get("enable_client_http_server") {
+                Some(v) => mooncake_core::flags::parse_bool(&v.str()?.extract::<String>()?)
+                    .unwrap_or(false),
+                None => false,
+            };
+            let port = match get("client_http_port") {
+                Some(v) => v
+                    .str()?
+                    .extract::<String>()?
+                    .trim()
+                    .parse::<u16>()
+                    .map_err(|_| {
+                        PyValueError::new_err("client_http_port: expected a port number")
+                    })?,
+                None => 9300,
+            };
             EmbeddedSettings {
+                http_port: http.then_some(port),
                 host: string_arg(get("local_hostname").as_ref())?,
                 segment: size_arg(get("global_segment_size").as_ref(), 16 << 20)?,
                 staging: size_arg(get("local_buffer_size").as_ref(), DEFAULT_LOCAL_BUFFER)?,
@@ -230,6 +242,7 @@ impl PyStore {
         } else {
             let _ = metadata_server;
             EmbeddedSettings {
+                http_port: enable_client_http_server.then_some(client_http_port),
                 host: string_arg(Some(local_hostname))?,
                 segment: size_arg(global_segment_size, 16 << 20)?,
                 staging: size_arg(local_buffer_size, DEFAULT_LOCAL_BUFFER)?,
@@ -843,6 +856,7 @@ fn status_json(report: &mooncake_core::protocol::rpc::StatusReport) -> String {
 
 /// Settings of an embedded real client gathered from `setup()`'s arguments.
 struct EmbeddedSettings {
+    http_port: Option<u16>,
     host: Option<String>,
     segment: u64,
     staging: u64,
@@ -862,6 +876,11 @@ impl EmbeddedSettings {
         let host = self.host.clone().unwrap_or_else(|| "localhost".into());
         let port = 40_000 + (std::process::id() % 20_000);
         let mut args = vec![
+            // An application process neither serves its master to others nor reads
+            // mooncake_client's HTTP variables: only what setup() asked for.
+            "--embedded_master_port=0".to_string(),
+            format!("--enable_http_server={}", self.http_port.is_some()),
+            format!("--http_port={}", self.http_port.unwrap_or(9300)),
             format!("--host={host}"),
             format!("--port={port}"),
             format!("--global_segment_size={}", self.segment),

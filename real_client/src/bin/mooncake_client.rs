@@ -18,7 +18,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(&config.log_level);
+    mooncake_core::process::init_logging(&config.log_level);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if config.threads > 0 {
         builder.worker_threads(config.threads);
@@ -30,36 +30,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(run(config, shutdown_signal())) {
+    match runtime.block_on(run(
+        config,
+        mooncake_core::process::shutdown_signal("mooncake_client"),
+    )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("mooncake_client: {error}");
             ExitCode::from(2)
         }
-    }
-}
-
-fn init_logging(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        eprintln!("mooncake_client: cannot install signal handlers; stop it with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
     }
 }

@@ -11,9 +11,23 @@ fn master(capacity: u64) -> (MasterService, Clock) {
     (master, clock)
 }
 
+fn end(master: &MasterService, key: &str) -> CodeResult<()> {
+    let id = master
+        .pending_write_id(key)
+        .ok_or(ErrorCode::INVALID_WRITE)?;
+    master.put_end(key, id)
+}
+
+fn revoke(master: &MasterService, key: &str) -> CodeResult<()> {
+    let id = master
+        .pending_write_id(key)
+        .ok_or(ErrorCode::INVALID_WRITE)?;
+    master.put_revoke(key, id)
+}
+
 fn put(master: &MasterService, key: &str, size: u64) -> CodeResult<()> {
     master.put_start(key, size, &ReplicateConfig::default())?;
-    master.put_end(key)
+    end(master, key)
 }
 
 #[test]
@@ -28,7 +42,7 @@ fn two_phase_put_then_read() {
         Err(ErrorCode::REPLICA_IS_NOT_READY)
     );
     assert_eq!(master.exist("k"), Ok(false));
-    master.put_end("k").expect("end");
+    end(&master, "k").expect("end");
     let (replicas, ttl) = master.get_replica_list("k").expect("readable");
     assert_eq!(replicas[0].size, 100);
     assert_eq!(ttl, Duration::from_secs(10));
@@ -58,7 +72,7 @@ fn revoke_frees_space() {
             .map(|_| ()),
         Err(ErrorCode::NO_AVAILABLE_HANDLE)
     );
-    master.put_revoke("k").expect("revoke");
+    revoke(&master, "k").expect("revoke");
     assert_eq!(master.exist("k"), Ok(false));
     put(&master, "j", 4096).expect("space is back");
 }
@@ -118,7 +132,7 @@ fn stale_write_is_discarded_but_space_waits_for_release_timeout() {
         8192,
         "old space not reused yet"
     );
-    master.put_end("k").expect("end");
+    end(&master, "k").expect("end");
     clock.advance(Duration::from_secs(601));
     put(&master, "x", 64).expect("put");
     assert_eq!(master.stats().segments[0].used, 4096 + 64);
@@ -183,7 +197,7 @@ fn upsert_replaces_only_at_the_end() {
     master
         .upsert_start("k", 100, &ReplicateConfig::default())
         .expect("insert");
-    master.put_end("k").expect("end");
+    end(&master, "k").expect("end");
     let (before, _) = master.get_replica_list("k").expect("readable");
     master
         .upsert_start("k", 300, &ReplicateConfig::default())
@@ -203,7 +217,7 @@ fn upsert_replaces_only_at_the_end() {
         master.remove("k", true),
         Err(ErrorCode::REPLICA_IS_NOT_READY)
     );
-    master.put_end("k").expect("end");
+    end(&master, "k").expect("end");
     let (after, _) = master.get_replica_list("k").expect("readable");
     assert_eq!(after[0].size, 300);
     assert_ne!(
@@ -227,7 +241,7 @@ fn upsert_revoke_keeps_the_old_version() {
     master
         .upsert_start("k", 50, &ReplicateConfig::default())
         .expect("upsert");
-    master.put_revoke("k").expect("revoke");
+    revoke(&master, "k").expect("revoke");
     assert_eq!(master.object_size("k"), Ok(100));
     assert_eq!(master.stats().writes_in_progress, 0);
 }
@@ -290,7 +304,7 @@ fn eviction_takes_unpinned_unleased_objects_oldest_first() {
         ..ReplicateConfig::default()
     };
     master.put_start("pinned", 1024, &hard).expect("start");
-    master.put_end("pinned").expect("end");
+    end(&master, "pinned").expect("end");
     for i in 0..8 {
         put(&master, &format!("k{i}"), 1024).expect("put");
         clock.advance(Duration::from_millis(1));
@@ -317,7 +331,7 @@ fn full_of_pinned_data_is_no_available_handle() {
         ..ReplicateConfig::default()
     };
     master.put_start("a", 4096, &hard).expect("start");
-    master.put_end("a").expect("end");
+    end(&master, "a").expect("end");
     assert_eq!(put(&master, "b", 64), Err(ErrorCode::NO_AVAILABLE_HANDLE));
 }
 
@@ -329,7 +343,7 @@ fn soft_pin_is_second_pass_and_ttl_is_bounded() {
         ..ReplicateConfig::default()
     };
     master.put_start("soft", 1024, &soft).expect("start");
-    master.put_end("soft").expect("end");
+    end(&master, "soft").expect("end");
     put(&master, "plain", 1024).expect("put");
     clock.advance(Duration::from_millis(1));
     put(&master, "next", 1024).expect("evicts plain first");
@@ -360,7 +374,7 @@ fn silent_clients_lose_their_segments() {
         ..ReplicateConfig::default()
     };
     master.put_start("on-b", 100, &only_b).expect("start");
-    master.put_end("on-b").expect("end");
+    end(&master, "on-b").expect("end");
     clock.advance(Duration::from_secs(5));
     assert!(master.maintenance().dead_clients.is_empty());
     clock.advance(Duration::from_secs(6));
@@ -418,4 +432,28 @@ fn a_restarted_client_replaces_its_stale_segment() {
         master.mount_segment("node-b:1", 4096, 2, "e"),
         Err(ErrorCode::SEGMENT_ALREADY_EXISTS)
     );
+}
+
+#[test]
+fn a_discarded_writer_cannot_complete_or_cancel_the_new_write() {
+    let (master, clock) = master(1 << 20);
+    let slow = master
+        .put_start("k", 100, &ReplicateConfig::default())
+        .expect("slow writer");
+    clock.advance(Duration::from_secs(31));
+    let fresh = master
+        .put_start("k", 200, &ReplicateConfig::default())
+        .expect("replaces it");
+    assert_eq!(
+        master.put_end("k", slow.write_id),
+        Err(ErrorCode::INVALID_WRITE)
+    );
+    assert_eq!(
+        master.put_revoke("k", slow.write_id),
+        Err(ErrorCode::INVALID_WRITE)
+    );
+    master
+        .put_end("k", fresh.write_id)
+        .expect("the new writer completes");
+    assert_eq!(master.object_size("k"), Ok(200));
 }

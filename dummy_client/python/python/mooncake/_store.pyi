@@ -32,11 +32,12 @@ class _ReplicaDesc(TypedDict):
     segment_name: str
     segment_id: int
     offset: int
+    endpoint: str
     size: int
     status: Literal["processing", "complete"]
 
 class _TaskInfo(TypedDict):
-    """A copy or move task as returned by ``query_task`` (stub-only name)."""
+    """A copy or move task as returned by ``_query_task`` (stub-only name); ``query_task`` turns ``id`` into a ``uuid.UUID``."""
 
     id: int
     type: Literal["copy", "move"]
@@ -47,7 +48,7 @@ class _TaskInfo(TypedDict):
 
 @final
 class SoftPinAction:
-    """What a write does to the object's soft pin (compares equal to its int value)."""
+    """What a write does to the object's soft pin (compares equal to its int value; hashable)."""
 
     PRESERVE: ClassVar[SoftPinAction]
     """Keep the object's soft pin as it is (0, the default)."""
@@ -65,7 +66,8 @@ class SoftPinAction:
     def __ne__(self, other: object, /) -> bool:
         """Negation of ``__eq__``."""
 
-    __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __hash__(self) -> int:
+        """Members are hashable (usable in sets and as dict keys)."""
 
 @final
 class ReplicateConfig:
@@ -88,7 +90,7 @@ class ReplicateConfig:
     def soft_pin_action(self, value: SoftPinAction) -> None: ...
     @property
     def soft_pin_ttl_ms(self) -> int | None:
-        """Soft-pin TTL in milliseconds; only valid with ``ENABLE`` (``None``: the master's default)."""
+        """Soft-pin TTL in milliseconds, from the write's completion; only valid with ``ENABLE``, at most the master's ``--max_kv_soft_pin_ttl`` (``None``: the master's default)."""
 
     @soft_pin_ttl_ms.setter
     def soft_pin_ttl_ms(self, value: int | None) -> None: ...
@@ -118,7 +120,7 @@ class ReplicateConfig:
     def preferred_segments(self, value: Sequence[str]) -> None: ...
     @property
     def prefer_alloc_in_same_node(self) -> bool:
-        """Place the replica on the writer's own node when possible (default False)."""
+        """Accepted for compatibility, no effect (default False); use ``preferred_segment = get_hostname()``."""
 
     @prefer_alloc_in_same_node.setter
     def prefer_alloc_in_same_node(self, value: bool) -> None: ...
@@ -175,10 +177,13 @@ class _StoreBase:
         enable_client_http_server: bool = False,
         client_http_port: int = 9300,
     ) -> int:
-        """Runs a real client in this process (positional or dict form); 0, or -1 with the reason logged."""
+        """Runs a real client in this process (positional or dict form), with its own master (``"embedded"``) or joined to the master at ``master_server_addr`` (``host:port``); 0, or -1 with the reason logged."""
 
     def close(self) -> int:
         """Disconnects; later calls return errors. Returns 0."""
+
+    def _owns_memory(self, ptr: int, size: int) -> bool:
+        """True when ``ptr..ptr+size`` is this client's shared memory or inside a registered buffer."""
 
     def health_check(self) -> int:
         """0 healthy, 1 not set up or closed, 2 real client or master unreachable."""
@@ -188,7 +193,7 @@ class _StoreBase:
 
     # ----- writes -----
     def put(self, key: str, value: bytes | bytearray, config: ReplicateConfig | None = None) -> int:
-        """Stores a copy of ``value``; an existing key keeps its value and this returns 0."""
+        """Stores a copy of ``value``; an existing key keeps its value and this returns 0 (``MooncakeDistributedStore.put`` accepts any bytes-like object)."""
 
     def put_parts(self, key: str, *parts: bytes | bytearray, config: ReplicateConfig | None = None) -> int:
         """Stores the concatenation of ``parts`` under ``key``."""
@@ -292,7 +297,7 @@ class _StoreBase:
         keys: Sequence[str],
         all_buffer_ptrs: Sequence[Sequence[int]],
         all_sizes: Sequence[Sequence[int]],
-        prefer_same_node: bool = True,
+        prefer_alloc_in_same_node: bool = False,
     ) -> list[int]:
         """Reads each object into its buffers, filled in order; one size or code per key."""
 
@@ -328,8 +333,8 @@ class _StoreBase:
     def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
         """``remove`` for many keys in one request; one code per key."""
 
-    def remove_by_regex(self, regex: str, force: bool = False) -> int:
-        """Removes every object whose key matches ``regex``; how many, or a negative code."""
+    def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
+        """Removes every object whose key matches ``regex_pattern``; how many, or a negative code."""
 
     def remove_all(self, force: bool = False) -> int:
         """Removes every readable object (leased ones only with ``force``); how many, or a negative code."""
@@ -349,13 +354,13 @@ class _StoreBase:
         """Address of ``size`` bytes of shared memory for zero-copy calls, or 0 on failure."""
 
     def free_to_mem_pool(self, ptr: int) -> int:
-        """Returns a block from ``alloc_from_mem_pool``; 0, or ``INVALID_PARAMS`` for an unknown address."""
+        """Returns a block from ``alloc_from_mem_pool``; 0, or ``INVALID_PARAMS`` for an unknown address or the block of a live buffer handle."""
 
     def register_buffer(self, buffer_ptr: int, size: int) -> int:
-        """Registers memory for the pointer calls: shared memory is zero-copy, ordinary memory copied through."""
+        """Registers memory for the pointer calls: shared memory is zero-copy, ordinary memory copied through; ``RPC_FAIL`` before setup and after ``close()``."""
 
     def unregister_buffer(self, buffer_ptr: int) -> int:
-        """Forgets a registered buffer; 0, or ``INVALID_PARAMS`` when ``buffer_ptr`` starts none."""
+        """Forgets a registered buffer; 0, ``INVALID_PARAMS`` when ``buffer_ptr`` starts none, ``RPC_FAIL`` before setup and after ``close()``."""
 
     def _status_json(self) -> str | None:
         """The real client's status as JSON text, or None when unreachable (wrapped by ``status``)."""

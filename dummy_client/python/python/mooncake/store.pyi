@@ -9,13 +9,15 @@ upstream's return conventions: ``0``/positive on success, a negative code
 
 import logging
 import uuid
-from collections.abc import Iterable
-from typing import Any, Final, overload
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, Literal, TypedDict, overload
+
+from typing_extensions import Buffer
 
 from ._store import ERROR_CODES as ERROR_CODES
 from ._store import ReplicateConfig as ReplicateConfig
 from ._store import SoftPinAction as SoftPinAction
-from ._store import _StoreBase, _TaskInfo
+from ._store import _StoreBase
 
 __all__ = [
     "MooncakeDistributedStore",
@@ -29,7 +31,7 @@ _Tensor = Any
 """A ``numpy.ndarray`` or a ``torch.Tensor`` (stub-only alias)."""
 
 log: logging.Logger
-"""The ``mooncake`` logger: setup failures and configuration problems are logged here."""
+"""The ``mooncake`` logger: setup failures, configuration problems and tensors that cannot be stored are logged here."""
 
 INVALID_PARAMS: Final[int]
 """``ERROR_CODES["INVALID_PARAMS"]`` (-600)."""
@@ -37,8 +39,23 @@ INVALID_PARAMS: Final[int]
 NO_AVAILABLE_HANDLE: Final[int]
 """``ERROR_CODES["NO_AVAILABLE_HANDLE"]`` (-200)."""
 
+class _Task(TypedDict):
+    """A copy or move task as returned by ``query_task`` (stub-only name)."""
+
+    id: uuid.UUID
+    type: Literal["copy", "move"]
+    key: str
+    targets: list[str]
+    status: Literal["pending", "running", "success", "failed"]
+    error_code: int
+
 class BufferHandle:
-    """An object's bytes in shared memory (a ctypes byte array), valid until garbage-collected."""
+    """An object's bytes in shared memory (a ctypes byte array), valid until garbage-collected.
+
+    Every handle returned by ``get_buffer`` is an instance of this class. Its block returns
+    to the pool when the handle (and every view of it) is garbage-collected;
+    ``free_to_mem_pool`` refuses it with ``INVALID_PARAMS``.
+    """
 
     def ptr(self) -> int:
         """Address of the first byte in this process."""
@@ -51,9 +68,6 @@ class BufferHandle:
 
     def tobytes(self) -> bytes:
         """A copy of the bytes."""
-
-    def release(self) -> None:
-        """Returns the memory to the pool now; do not touch the handle (or views of it) afterwards."""
 
     def __len__(self) -> int:
         """Number of bytes."""
@@ -79,6 +93,35 @@ class MooncakeDistributedStore(_StoreBase):
     def setup_from_env(self) -> int:
         """Dummy mode when ``MOONCAKE_CLIENT`` is set, else embedded mode from the environment; 0 or -1."""
 
+    # ----- writes of bytes-like values (bytes and bytearray as they are; any other buffer is copied into bytes first) -----
+    def put(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> int:
+        """Stores a copy of ``value`` (any bytes-like object); an existing key keeps its value and this returns 0."""
+
+    def put_parts(self, key: str, *parts: Buffer, config: ReplicateConfig | None = None) -> int:
+        """Stores the concatenation of ``parts`` (each bytes-like) under ``key``."""
+
+    def put_batch(
+        self,
+        keys: Sequence[str],
+        values: Iterable[Buffer],
+        config: ReplicateConfig | None = None,
+    ) -> int:
+        """Stores each value (bytes-like) under its key; one int: 0, or the first key's error."""
+
+    def upsert(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> int:
+        """Stores or replaces ``value`` (any bytes-like object)."""
+
+    def upsert_parts(self, key: str, *parts: Buffer, config: ReplicateConfig | None = None) -> int:
+        """``upsert`` of the concatenation of ``parts``."""
+
+    def upsert_batch(
+        self,
+        keys: Sequence[str],
+        values: Iterable[Buffer],
+        config: ReplicateConfig | None = None,
+    ) -> int:
+        """``upsert`` of many keys; one int: 0, or the first key's error."""
+
     def status(self) -> dict[str, Any] | None:
         """The real client's status (dummies, mapped memory, objects, segments), or None when unreachable."""
 
@@ -96,28 +139,33 @@ class MooncakeDistributedStore(_StoreBase):
     def create_move_task(self, key: str, source: str, target: str) -> tuple[uuid.UUID | None, int]:
         """Asks to move ``key``'s replica from ``source`` to ``target``: ``(task id or None, code)``."""
 
-    def query_task(self, task_id: uuid.UUID | int) -> tuple[_TaskInfo | None, int]:
-        """The state of a task: ``(dict or None, code)``."""
+    def query_task(self, task_id: uuid.UUID | int) -> tuple[_Task | None, int]:
+        """The state of a task: ``(dict or None, code)``; the dict's ``id`` is the task's ``uuid.UUID``."""
 
     # ----- tensors -----
     def put_tensor(self, key: str, tensor: _Tensor, config: ReplicateConfig | None = None) -> int:
-        """Stores a numpy array or torch tensor as ``[TensorMetadata][data]``."""
+        """Stores a numpy array or torch tensor as ``[TensorMetadata][data]``; an existing key keeps its value."""
 
     def batch_put_tensor(
-        self, keys: Iterable[str], tensors: Iterable[_Tensor], config: ReplicateConfig | None = None
+        self, keys: Iterable[str], tensors_list: Iterable[_Tensor], config: ReplicateConfig | None = None
     ) -> list[int]:
-        """``put_tensor`` for each key; one code per key."""
+        """``put_tensor`` for each key; one code per key (a bad tensor fails only its own entry)."""
 
     def upsert_tensor(self, key: str, tensor: _Tensor, config: ReplicateConfig | None = None) -> int:
         """Stores or replaces a tensor."""
 
     def batch_upsert_tensor(
-        self, keys: Iterable[str], tensors: Iterable[_Tensor], config: ReplicateConfig | None = None
+        self, keys: Iterable[str], tensors_list: Iterable[_Tensor], config: ReplicateConfig | None = None
     ) -> list[int]:
         """``upsert_tensor`` for each key; one code per key."""
 
     def pub_tensor(self, key: str, tensor: _Tensor, config: ReplicateConfig | None = None) -> int:
-        """Publishes a tensor: stores it, replacing any previous version (same as ``upsert_tensor``)."""
+        """Publishes a tensor as upstream: a put; ``INVALID_PARAMS`` when ``config.preferred_segments`` is set but does not name ``replica_num`` segments."""
+
+    def batch_pub_tensor(
+        self, keys: Iterable[str], tensors_list: Iterable[_Tensor], config: ReplicateConfig | None = None
+    ) -> list[int]:
+        """``pub_tensor`` for each key; one code per key (every key ``INVALID_PARAMS`` when ``config`` fails the check)."""
 
     def get_tensor(self, key: str) -> _Tensor | None:
         """The stored tensor (torch when stored from torch and torch is installed, else numpy), or None."""
@@ -161,7 +209,7 @@ class MooncakeDistributedStore(_StoreBase):
     ) -> list[int]:
         """``upsert_tensor_from`` for each key."""
 
-    # ----- tensor parallelism: shard r stored as <key>_tp_<r> -----
+    # ----- tensor parallelism: shard r stored as <key>_tp_<r> (the plain key when tp_size is 1) -----
     def put_tensor_with_tp(
         self,
         key: str,
@@ -171,12 +219,12 @@ class MooncakeDistributedStore(_StoreBase):
         split_dim: int = 0,
         config: ReplicateConfig | None = None,
     ) -> int:
-        """Splits ``tensor`` into ``tp_size`` shards along ``split_dim``; shard r goes to ``<key>_tp_<r>``."""
+        """Splits ``tensor`` into ``tp_size`` shards along ``split_dim`` (torch.chunk; ``INVALID_PARAMS`` when that gives fewer); shard r goes to ``<key>_tp_<r>``."""
 
     def batch_put_tensor_with_tp(
         self,
-        keys: Iterable[str],
-        tensors: Iterable[_Tensor],
+        base_keys: Iterable[str],
+        tensors_list: Iterable[_Tensor],
         tp_rank: int = 0,
         tp_size: int = 1,
         split_dim: int = 0,
@@ -197,8 +245,8 @@ class MooncakeDistributedStore(_StoreBase):
 
     def batch_upsert_tensor_with_tp(
         self,
-        keys: Iterable[str],
-        tensors: Iterable[_Tensor],
+        base_keys: Iterable[str],
+        tensors_list: Iterable[_Tensor],
         tp_rank: int = 0,
         tp_size: int = 1,
         split_dim: int = 0,
@@ -206,15 +254,59 @@ class MooncakeDistributedStore(_StoreBase):
     ) -> list[int]:
         """``upsert_tensor_with_tp`` for each key."""
 
+    def pub_tensor_with_tp(
+        self,
+        key: str,
+        tensor: _Tensor,
+        config: ReplicateConfig | None = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        split_dim: int = 0,
+    ) -> int:
+        """``put_tensor_with_tp`` with the ``pub_tensor`` check of ``config`` (upstream's argument order)."""
+
+    def batch_pub_tensor_with_tp(
+        self,
+        base_keys: Iterable[str],
+        tensors_list: Iterable[_Tensor],
+        config: ReplicateConfig | None = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        split_dim: int = 0,
+    ) -> list[int]:
+        """``batch_put_tensor_with_tp`` with the ``pub_tensor`` check of ``config`` (upstream's argument order)."""
+
     def get_tensor_with_tp(
         self, key: str, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0
     ) -> _Tensor | None:
-        """Shard ``tp_rank`` (key ``<key>_tp_<tp_rank>``) of a tensor stored with ``put_tensor_with_tp``."""
+        """Shard ``tp_rank`` (key ``<key>_tp_<tp_rank>``, or ``key`` when ``tp_size`` is 1) of a tensor stored with ``put_tensor_with_tp``."""
 
     def batch_get_tensor_with_tp(
-        self, keys: Iterable[str], tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0
+        self, base_keys: Iterable[str], tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0
     ) -> list[_Tensor | None]:
         """``get_tensor_with_tp`` for each key."""
+
+    def get_tensor_with_tp_into(
+        self,
+        key: str,
+        buffer_ptr: int,
+        size: int,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        split_dim: int = 0,
+    ) -> _Tensor | None:
+        """Reads shard ``tp_rank`` into ``buffer_ptr`` and returns a view of that memory, or None."""
+
+    def batch_get_tensor_with_tp_into(
+        self,
+        base_keys: Iterable[str],
+        buffer_ptrs: Iterable[int],
+        sizes: Iterable[int],
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        split_dim: int = 0,
+    ) -> list[Any]:
+        """``get_tensor_with_tp_into`` for each key (tensor or None); ``[INVALID_PARAMS] * len(keys)`` on mismatched lengths."""
 
     # ----- upstream's "parallelism" wrappers: whole tensors, extra keywords ignored -----
     def put_tensor_with_parallelism(
