@@ -59,8 +59,9 @@ pub(crate) struct Inner {
     pub(crate) memory: Mutex<DummyMemory>,
     pub(crate) link: Mutex<Link>,
     pub(crate) closed: AtomicBool,
-    /// Keeps an in-process real client alive as long as the client.
-    pub(crate) _embedded: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// Keeps an in-process real client alive until [`DummyClient::close`] (or the
+    /// last clone is dropped).
+    pub(crate) embedded: Mutex<Option<Box<dyn std::any::Any + Send>>>,
 }
 
 /// A dummy client: holds no store resources, only its shared memory and a link to its
@@ -139,7 +140,7 @@ impl DummyClient {
         target: Target,
         mem_pool_size: u64,
         local_buffer_size: u64,
-        embedded: Option<Box<dyn std::any::Any + Send + Sync>>,
+        embedded: Option<Box<dyn std::any::Any + Send>>,
     ) -> Result<Self, SetupError> {
         let memory = DummyMemory::create(mem_pool_size, local_buffer_size)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -162,7 +163,7 @@ impl DummyClient {
                 memory: Mutex::new(memory),
                 link: Mutex::new(Link::Up(connected)),
                 closed: AtomicBool::new(false),
-                _embedded: embedded,
+                embedded: Mutex::new(embedded),
             }),
         })
     }
@@ -303,7 +304,8 @@ impl DummyClient {
     }
 
     /// Disconnects from the real client (which releases everything this dummy held);
-    /// later calls return errors. Idempotent.
+    /// later calls return errors. In embedded mode the in-process real client stops
+    /// too. Idempotent.
     pub fn close(&self) {
         self.inner.closed.store(true, Ordering::Release);
         let mut link = self.inner.link.lock();
@@ -311,5 +313,9 @@ impl DummyClient {
             connected.disconnect();
         }
         *link = Link::Closed;
+        drop(link);
+        // An in-process real client stops with its only user.
+        let embedded = self.inner.embedded.lock().take();
+        drop(embedded);
     }
 }

@@ -59,17 +59,34 @@ impl Host {
     }
 }
 
+/// How long dropping [`Running`] waits for the in-process real client to unmount and
+/// stop before leaving its thread to finish on its own.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Keeps the in-process real client running; stops it when dropped.
 struct Running {
     stop: tokio::sync::watch::Sender<bool>,
+    stopped: std::sync::mpsc::Receiver<()>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let _ = self.stop.send(true);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        // `send_replace` stores the request even if the server has not subscribed yet.
+        self.stop.send_replace(true);
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        // Bounded: this may run on a caller's thread (Python drops with the GIL held).
+        match self.stopped.recv_timeout(STOP_WAIT) {
+            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                let _ = thread.join();
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                tracing::warn!(
+                    "the embedded real client did not stop within {STOP_WAIT:?}; leaving it to finish"
+                );
+            }
         }
     }
 }
@@ -95,12 +112,17 @@ impl DummyClient {
         let state = Arc::clone(client.state());
         let stop = client.shutdown_handle();
         let handle = runtime.handle().clone();
+        let (stopped_tx, stopped) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("mooncake-embedded".into())
-            .spawn(move || runtime.block_on(client.serve()))
+            .spawn(move || {
+                runtime.block_on(client.serve());
+                let _ = stopped_tx.send(());
+            })
             .map_err(SetupError::Runtime)?;
         let running = Running {
             stop,
+            stopped,
             thread: Some(thread),
         };
         let host = Host {

@@ -283,7 +283,7 @@ impl RealClient {
             tracing::warn!(%code, "unmount at shutdown failed");
         }
         if let Some(embedded) = self.embedded_master.take() {
-            let _ = embedded.stop.send(true);
+            embedded.stop.send_replace(true);
             let _ = embedded.maintenance.await;
             if let Some(running) = embedded.running {
                 running.stop().await;
@@ -317,7 +317,37 @@ pub async fn run(
     let serving = tokio::spawn(client.serve());
     shutdown.await;
     tracing::info!("shutdown requested: no longer accepting dummies");
-    let _ = stop.send(true);
+    stop.send_replace(true);
     let _ = serving.await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stop requested before `serve` subscribes (an embedded store closed right after
+    /// setup) must still stop it.
+    #[test]
+    fn a_stop_requested_before_serving_is_not_lost() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let args = [
+            format!("--port={}", 40000 + std::process::id() % 20000),
+            "--global_segment_size=16MB".to_string(),
+            "--embedded_master_port=0".to_string(),
+            "--transfer_port=0".to_string(),
+        ];
+        let config = RealClientConfig::from_args(args).expect("valid flags");
+        runtime.block_on(async {
+            let client = RealClient::start(config).await.expect("starts");
+            client.shutdown_handle().send_replace(true);
+            tokio::time::timeout(std::time::Duration::from_secs(10), client.serve())
+                .await
+                .expect("serve returns after a stop requested before it ran");
+        });
+    }
 }

@@ -26,7 +26,7 @@ pub async fn heartbeat(
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = shutdown.wait_for(|stop| *stop) => return,
+            () = mooncake_core::process::stop_requested(&mut shutdown) => return,
         }
         let master = state.store.master();
         match master.heartbeat(client_id).await {

@@ -139,7 +139,7 @@ pub async fn serve(
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
-            _ = shutdown.changed() => break,
+            () = mooncake_core::process::stop_requested(&mut shutdown) => break,
         }
     }
 }

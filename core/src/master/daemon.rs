@@ -397,7 +397,7 @@ impl RunningMaster {
 
     /// Stops serving and waits for the background tasks.
     pub async fn stop(self) {
-        let _ = self.stop.send(true);
+        self.stop.send_replace(true);
         for task in self.tasks {
             let _ = task.await;
         }

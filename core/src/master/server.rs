@@ -185,7 +185,7 @@ pub async fn serve(
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
-            _ = shutdown.changed() => break,
+            () = crate::process::stop_requested(&mut shutdown) => break,
         }
     }
 }
@@ -200,7 +200,7 @@ pub async fn maintain(master: Arc<MasterService>, mut shutdown: watch::Receiver<
                 let master = Arc::clone(&master);
                 let _ = tokio::task::spawn_blocking(move || master.maintenance()).await;
             }
-            _ = shutdown.changed() => break,
+            () = crate::process::stop_requested(&mut shutdown) => break,
         }
     }
 }
