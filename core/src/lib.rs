@@ -17,6 +17,7 @@ pub mod http;
 pub mod master;
 pub mod process;
 pub mod protocol;
+pub mod tenant;
 pub mod types;
 pub mod units;
 

@@ -9,7 +9,7 @@ pub const MAX_KEY_LEN: usize = 4096;
 
 /// Checks that `key` is non-empty and at most `max_len` bytes.
 pub fn validate_key(key: &str, max_len: usize) -> Result<(), ErrorCode> {
-    if key.is_empty() || key.len() > max_len {
+    if key.is_empty() || key.len() > max_len || key.contains(crate::tenant::TENANT_SEPARATOR) {
         Err(ErrorCode::INVALID_KEY)
     } else {
         Ok(())

@@ -133,7 +133,7 @@ pub static FLAGS: &[FlagSpec] = &[
         kind: FlagKind::Value,
         env: Some("MOONCAKE_TENANT_ID"),
         default: Some("default"),
-        help: "tenant name (accepted for compatibility; keys are not scoped by tenant in this build)",
+        help: "tenant whose key space this node serves (1-64 of A-Z a-z 0-9 _ - .); other tenants' keys are invisible",
     },
     FlagSpec {
         name: "enable_offload",
@@ -280,9 +280,7 @@ impl RealClientConfig {
             global_segment_size,
             max_dummy_shm_size: flags.size("max_dummy_shm_size")?.unwrap_or(u64::MAX),
             threads: flags.number("threads")?.unwrap_or(0),
-            tenant_id: flags
-                .string("tenant_id")
-                .unwrap_or_else(|| "default".into()),
+            tenant_id: tenant_flag(flags)?,
             master_address,
             embedded_master_port: flags.number("embedded_master_port")?.unwrap_or(0),
             transfer_port: flags.number("transfer_port")?.unwrap_or(0),
@@ -357,6 +355,14 @@ fn parse_uids(text: &str) -> Result<Vec<u32>, ConfigError> {
                 .map_err(|_| invalid("allowed_uids", format!("{t:?} is not a numeric uid")))
         })
         .collect()
+}
+
+fn tenant_flag(flags: &ParsedFlags) -> Result<String, ConfigError> {
+    let name = flags
+        .string("tenant_id")
+        .unwrap_or_else(|| mooncake_core::tenant::DEFAULT_TENANT.into());
+    mooncake_core::tenant::Tenant::new(&name).map_err(|reason| invalid("tenant_id", reason))?;
+    Ok(name)
 }
 
 #[cfg(test)]

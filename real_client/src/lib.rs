@@ -27,6 +27,7 @@ pub mod server;
 pub mod session;
 mod status_http;
 pub mod store;
+mod tasks;
 pub mod transfer;
 
 use std::sync::Arc;
@@ -38,13 +39,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use mooncake_core::master::daemon::RunningMaster;
 use mooncake_core::master::{Clock, LOCAL_OWNER, MasterService};
+use mooncake_core::tenant::Tenant;
 use mooncake_core::units::format_size;
 use mooncake_shm::SharedMemory;
 use mooncake_shm::shared_memory::PageSize;
 
 pub use config::{ConfigError, RealClientConfig};
 use handshake::ServerIdentity;
-use master_link::{MasterLink, RemoteMaster};
+use master_link::{MasterKind, MasterLink, RemoteMaster};
 use server::{BindError, ServerState};
 use store::Store;
 use transfer::TransferServer;
@@ -72,6 +74,9 @@ pub enum StartError {
     /// The transfer engine's port could not be bound.
     #[error("cannot start the transfer engine: {0}; check --host and --transfer_port")]
     Transfer(std::io::Error),
+    /// The tenant name is not valid.
+    #[error("--tenant_id: {0}")]
+    Tenant(String),
 }
 
 /// A started real client: its state and the handle to stop it.
@@ -154,18 +159,20 @@ impl RealClient {
         // allocates gigabytes of segment.
         let listener = config.socket.as_ref().map(server::bind).transpose()?;
         let instance_id = random_id();
+        let tenant = Tenant::new(&config.tenant_id).map_err(StartError::Tenant)?;
         let (master, embedded_master, client_id) = match &config.master_address {
             None => {
                 let master = Arc::new(MasterService::new(config.master.clone(), Clock::System));
                 let embedded = start_embedded_master(&config, &master, instance_id).await;
-                (MasterLink::Embedded(master), Some(embedded), LOCAL_OWNER)
+                (MasterKind::Embedded(master), Some(embedded), LOCAL_OWNER)
             }
             Some(address) => (
-                MasterLink::Remote(Arc::new(RemoteMaster::new(address.clone()))),
+                MasterKind::Remote(Arc::new(RemoteMaster::new(address.clone()))),
                 None,
                 instance_id,
             ),
         };
+        let master = MasterLink::new(master, tenant);
         let memory = SharedMemory::create_populated(
             "mooncake_segment",
             config.global_segment_size,
@@ -253,7 +260,7 @@ impl RealClient {
             startup_ms = self.state.started.elapsed().as_millis(),
             "mooncake_client serving"
         );
-        let heartbeat = matches!(self.state.store.master(), MasterLink::Remote(_)).then(|| {
+        let heartbeat = self.state.store.master().is_remote().then(|| {
             tokio::spawn(liveness::heartbeat(
                 Arc::clone(&self.state),
                 self.client_id,
@@ -261,6 +268,11 @@ impl RealClient {
                 self.shutdown.subscribe(),
             ))
         });
+        let tasks = tokio::spawn(tasks::execute(
+            Arc::clone(&self.state),
+            self.client_id,
+            self.shutdown.subscribe(),
+        ));
         let http = config.http_port.map(|port| {
             let address = std::net::SocketAddr::from(([0, 0, 0, 0], port));
             tokio::spawn(status_http::serve(address, Arc::clone(&self.state)))
@@ -275,6 +287,7 @@ impl RealClient {
         if let Some(task) = heartbeat {
             let _ = task.await;
         }
+        let _ = tasks.await;
         if let Some(task) = http {
             task.abort();
         }

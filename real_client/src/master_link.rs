@@ -9,10 +9,13 @@ use tarpc::context;
 use tokio::sync::Mutex;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
-use mooncake_core::master::{ClientStatus, MasterService, MasterStats, PutStarted, TaskInfo};
+use mooncake_core::master::{
+    ClientStatus, MasterService, MasterStats, PutStarted, TaskInfo, TaskWork,
+};
 use mooncake_core::protocol::codec;
 use mooncake_core::protocol::master_rpc::{MASTER_PROTOCOL_VERSION, MasterRpcClient};
 use mooncake_core::protocol::rpc::WriteMode;
+use mooncake_core::tenant::Tenant;
 use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 /// Deadline of one call to a remote master.
@@ -25,13 +28,21 @@ pub struct RemoteMaster {
     connection: Mutex<Option<MasterRpcClient>>,
 }
 
-/// The master a real client uses.
+/// Where the master is.
 #[derive(Debug, Clone)]
-pub enum MasterLink {
+pub enum MasterKind {
     /// In this process.
     Embedded(Arc<MasterService>),
     /// A `mooncake_master` over TCP.
     Remote(Arc<RemoteMaster>),
+}
+
+/// The master a real client uses, seen through the client's tenant: keys are scoped
+/// on the way out and unscoped on the way back (see [`mooncake_core::tenant`]).
+#[derive(Debug, Clone)]
+pub struct MasterLink {
+    kind: MasterKind,
+    tenant: Tenant,
 }
 
 fn ctx() -> context::Context {
@@ -121,11 +132,26 @@ macro_rules! remote {
 }
 
 impl MasterLink {
+    /// A link to `kind` for the keys of `tenant`.
+    pub fn new(kind: MasterKind, tenant: Tenant) -> Self {
+        MasterLink { kind, tenant }
+    }
+
+    /// True when the master is a separate process (it expects heartbeats).
+    pub fn is_remote(&self) -> bool {
+        matches!(self.kind, MasterKind::Remote(_))
+    }
+
+    /// The tenant whose keys this link sees.
+    pub fn tenant(&self) -> &Tenant {
+        &self.tenant
+    }
+
     /// Whether the master answers.
     pub async fn is_reachable(&self) -> bool {
-        match self {
-            MasterLink::Embedded(_) => true,
-            MasterLink::Remote(remote) => remote.client().await.is_ok(),
+        match &self.kind {
+            MasterKind::Embedded(_) => true,
+            MasterKind::Remote(remote) => remote.client().await.is_ok(),
         }
     }
 
@@ -137,9 +163,9 @@ impl MasterLink {
         capacity: u64,
         endpoint: &str,
     ) -> CodeResult<SegmentId> {
-        match self {
-            MasterLink::Embedded(m) => m.mount_segment(name, capacity, client, endpoint),
-            MasterLink::Remote(r) => remote!(r, |c| c.mount_segment(
+        match &self.kind {
+            MasterKind::Embedded(m) => m.mount_segment(name, capacity, client, endpoint),
+            MasterKind::Remote(r) => remote!(r, |c| c.mount_segment(
                 ctx(),
                 client,
                 name.to_string(),
@@ -151,20 +177,20 @@ impl MasterLink {
 
     /// Unmounts everything `client` mounted.
     pub async fn unmount_client(&self, client: u128) -> CodeResult<()> {
-        match self {
-            MasterLink::Embedded(m) => {
+        match &self.kind {
+            MasterKind::Embedded(m) => {
                 m.remove_client(client);
                 Ok(())
             }
-            MasterLink::Remote(r) => remote!(r, |c| c.unmount_client(ctx(), client))?,
+            MasterKind::Remote(r) => remote!(r, |c| c.unmount_client(ctx(), client))?,
         }
     }
 
     /// Heartbeat.
     pub async fn heartbeat(&self, client: u128) -> CodeResult<ClientStatus> {
-        match self {
-            MasterLink::Embedded(_) => Ok(ClientStatus::Ok),
-            MasterLink::Remote(r) => remote!(r, |c| c.heartbeat(ctx(), client)),
+        match &self.kind {
+            MasterKind::Embedded(_) => Ok(ClientStatus::Ok),
+            MasterKind::Remote(r) => remote!(r, |c| c.heartbeat(ctx(), client)),
         }
     }
 
@@ -176,12 +202,14 @@ impl MasterLink {
         config: &ReplicateConfig,
         mode: WriteMode,
     ) -> CodeResult<PutStarted> {
-        match self {
-            MasterLink::Embedded(m) => match mode {
+        let scoped = self.tenant.scope(key);
+        let key = scoped.as_ref();
+        match &self.kind {
+            MasterKind::Embedded(m) => match mode {
                 WriteMode::Put => m.put_start(key, size, config),
                 WriteMode::Upsert => m.upsert_start(key, size, config),
             },
-            MasterLink::Remote(r) => remote!(r, |c| c.put_start(
+            MasterKind::Remote(r) => remote!(r, |c| c.put_start(
                 ctx(),
                 key.to_string(),
                 size,
@@ -193,17 +221,21 @@ impl MasterLink {
 
     /// Completes a write.
     pub async fn put_end(&self, key: &str, write_id: u64) -> CodeResult<()> {
-        match self {
-            MasterLink::Embedded(m) => m.put_end(key, write_id),
-            MasterLink::Remote(r) => remote!(r, |c| c.put_end(ctx(), key.to_string(), write_id))?,
+        let scoped = self.tenant.scope(key);
+        let key = scoped.as_ref();
+        match &self.kind {
+            MasterKind::Embedded(m) => m.put_end(key, write_id),
+            MasterKind::Remote(r) => remote!(r, |c| c.put_end(ctx(), key.to_string(), write_id))?,
         }
     }
 
     /// Abandons a write.
     pub async fn put_revoke(&self, key: &str, write_id: u64) -> CodeResult<()> {
-        match self {
-            MasterLink::Embedded(m) => m.put_revoke(key, write_id),
-            MasterLink::Remote(r) => {
+        let scoped = self.tenant.scope(key);
+        let key = scoped.as_ref();
+        match &self.kind {
+            MasterKind::Embedded(m) => m.put_revoke(key, write_id),
+            MasterKind::Remote(r) => {
                 remote!(r, |c| c.put_revoke(ctx(), key.to_string(), write_id))?
             }
         }
@@ -214,9 +246,11 @@ impl MasterLink {
         &self,
         key: &str,
     ) -> CodeResult<(Vec<ReplicaDescriptor>, Duration)> {
-        match self {
-            MasterLink::Embedded(m) => m.get_replica_list(key),
-            MasterLink::Remote(r) => {
+        let scoped = self.tenant.scope(key);
+        let key = scoped.as_ref();
+        match &self.kind {
+            MasterKind::Embedded(m) => m.get_replica_list(key),
+            MasterKind::Remote(r) => {
                 let (replicas, ms) = remote!(r, |c| c.get_replica_list(ctx(), key.to_string()))??;
                 Ok((replicas, Duration::from_millis(ms)))
             }
@@ -225,9 +259,10 @@ impl MasterLink {
 
     /// Existence per key.
     pub async fn exist(&self, keys: Vec<String>) -> Vec<CodeResult<bool>> {
-        match self {
-            MasterLink::Embedded(m) => keys.iter().map(|k| m.exist(k)).collect(),
-            MasterLink::Remote(r) => {
+        let keys = self.tenant.scope_all(keys);
+        match &self.kind {
+            MasterKind::Embedded(m) => keys.iter().map(|k| m.exist(k)).collect(),
+            MasterKind::Remote(r) => {
                 let n = keys.len();
                 let result: CodeResult<_> = remote!(r, |c| c.exist(ctx(), keys));
                 result.unwrap_or_else(|code| vec![Err(code); n])
@@ -237,17 +272,20 @@ impl MasterLink {
 
     /// Size of an object.
     pub async fn object_size(&self, key: &str) -> CodeResult<u64> {
-        match self {
-            MasterLink::Embedded(m) => m.object_size(key),
-            MasterLink::Remote(r) => remote!(r, |c| c.object_size(ctx(), key.to_string()))?,
+        let scoped = self.tenant.scope(key);
+        let key = scoped.as_ref();
+        match &self.kind {
+            MasterKind::Embedded(m) => m.object_size(key),
+            MasterKind::Remote(r) => remote!(r, |c| c.object_size(ctx(), key.to_string()))?,
         }
     }
 
     /// Replica descriptors per key.
     pub async fn replica_desc(&self, keys: Vec<String>) -> Vec<CodeResult<Vec<ReplicaDescriptor>>> {
-        match self {
-            MasterLink::Embedded(m) => keys.iter().map(|k| m.replica_descriptors(k)).collect(),
-            MasterLink::Remote(r) => {
+        let keys = self.tenant.scope_all(keys);
+        match &self.kind {
+            MasterKind::Embedded(m) => keys.iter().map(|k| m.replica_descriptors(k)).collect(),
+            MasterKind::Remote(r) => {
                 let n = keys.len();
                 let result: CodeResult<_> = remote!(r, |c| c.replica_desc(ctx(), keys));
                 result.unwrap_or_else(|code| vec![Err(code); n])
@@ -257,9 +295,10 @@ impl MasterLink {
 
     /// Removes objects.
     pub async fn remove(&self, keys: Vec<String>, force: bool) -> Vec<CodeResult<()>> {
-        match self {
-            MasterLink::Embedded(m) => m.batch_remove(&keys, force),
-            MasterLink::Remote(r) => {
+        let keys = self.tenant.scope_all(keys);
+        match &self.kind {
+            MasterKind::Embedded(m) => m.batch_remove(&keys, force),
+            MasterKind::Remote(r) => {
                 let n = keys.len();
                 let result: CodeResult<_> = remote!(r, |c| c.remove(ctx(), keys, force));
                 result.unwrap_or_else(|code| vec![Err(code); n])
@@ -269,17 +308,23 @@ impl MasterLink {
 
     /// Removes objects matching a regex.
     pub async fn remove_by_regex(&self, pattern: String, force: bool) -> CodeResult<u64> {
-        match self {
-            MasterLink::Embedded(m) => m.remove_by_regex(&pattern, force),
-            MasterLink::Remote(r) => remote!(r, |c| c.remove_by_regex(ctx(), pattern, force))?,
+        match &self.kind {
+            MasterKind::Embedded(m) => m.remove_by_regex_of(&self.tenant, &pattern, force),
+            MasterKind::Remote(r) => {
+                let tenant = self.tenant.name().to_string();
+                remote!(r, |c| c.remove_by_regex(ctx(), tenant, pattern, force))?
+            }
         }
     }
 
     /// Removes every object.
     pub async fn remove_all(&self, force: bool) -> CodeResult<u64> {
-        match self {
-            MasterLink::Embedded(m) => Ok(m.remove_all(force)),
-            MasterLink::Remote(r) => remote!(r, |c| c.remove_all(ctx(), force)),
+        match &self.kind {
+            MasterKind::Embedded(m) => Ok(m.remove_all_of(&self.tenant, force)),
+            MasterKind::Remote(r) => {
+                let tenant = self.tenant.name().to_string();
+                remote!(r, |c| c.remove_all(ctx(), tenant, force))?
+            }
         }
     }
 
@@ -290,9 +335,10 @@ impl MasterLink {
         targets: Vec<String>,
         id: u128,
     ) -> CodeResult<u128> {
-        match self {
-            MasterLink::Embedded(m) => m.create_copy_task(&key, &targets, id),
-            MasterLink::Remote(r) => remote!(r, |c| c.create_copy_task(ctx(), key, targets, id))?,
+        let key = self.tenant.scope(&key).into_owned();
+        match &self.kind {
+            MasterKind::Embedded(m) => m.create_copy_task(&key, &targets, id),
+            MasterKind::Remote(r) => remote!(r, |c| c.create_copy_task(ctx(), key, targets, id))?,
         }
     }
 
@@ -304,9 +350,10 @@ impl MasterLink {
         target: String,
         id: u128,
     ) -> CodeResult<u128> {
-        match self {
-            MasterLink::Embedded(m) => m.create_move_task(&key, &source, &target, id),
-            MasterLink::Remote(r) => {
+        let key = self.tenant.scope(&key).into_owned();
+        match &self.kind {
+            MasterKind::Embedded(m) => m.create_move_task(&key, &source, &target, id),
+            MasterKind::Remote(r) => {
                 remote!(r, |c| c.create_move_task(ctx(), key, source, target, id))?
             }
         }
@@ -314,17 +361,45 @@ impl MasterLink {
 
     /// The state of a task.
     pub async fn query_task(&self, id: u128) -> CodeResult<TaskInfo> {
-        match self {
-            MasterLink::Embedded(m) => m.query_task(id),
-            MasterLink::Remote(r) => remote!(r, |c| c.query_task(ctx(), id))?,
+        let mut info = match &self.kind {
+            MasterKind::Embedded(m) => m.query_task(id),
+            MasterKind::Remote(r) => remote!(r, |c| c.query_task(ctx(), id))?,
+        }?;
+        // Another tenant's task is not this tenant's business.
+        info.key = self
+            .tenant
+            .unscope(&info.key)
+            .ok_or(ErrorCode::TASK_NOT_FOUND)?
+            .to_string();
+        Ok(info)
+    }
+
+    /// Up to `max` copy/move tasks for `client` to execute.
+    pub async fn fetch_tasks(&self, client: u128, max: u32) -> CodeResult<Vec<TaskWork>> {
+        match &self.kind {
+            MasterKind::Embedded(m) => Ok(m.fetch_tasks(client, max as usize)),
+            MasterKind::Remote(r) => remote!(r, |c| c.fetch_tasks(ctx(), client, max)),
+        }
+    }
+
+    /// Reports the outcome of a task `client` executed.
+    pub async fn finish_task(
+        &self,
+        client: u128,
+        id: u128,
+        outcome: Result<(), i32>,
+    ) -> CodeResult<()> {
+        match &self.kind {
+            MasterKind::Embedded(m) => m.finish_task(client, id, outcome),
+            MasterKind::Remote(r) => remote!(r, |c| c.finish_task(ctx(), client, id, outcome))?,
         }
     }
 
     /// Object counts and segment usage.
     pub async fn stats(&self) -> CodeResult<MasterStats> {
-        match self {
-            MasterLink::Embedded(m) => Ok(m.stats()),
-            MasterLink::Remote(r) => remote!(r, |c| c.stats(ctx())),
+        match &self.kind {
+            MasterKind::Embedded(m) => Ok(m.stats()),
+            MasterKind::Remote(r) => remote!(r, |c| c.stats(ctx())),
         }
     }
 }

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::master::TaskWork;
 use mooncake_core::protocol::rpc::WriteMode;
 use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicateConfig};
 use mooncake_shm::MemSlice;
@@ -300,6 +301,18 @@ impl Store {
 }
 
 impl Store {
+    /// Executes a copy or move task: copies its source replica, which must be in this
+    /// node's segment, into every target.
+    pub fn replicate(&self, task: &TaskWork) -> CodeResult<()> {
+        let Place::Local(source) = self.place(&task.source)? else {
+            return Err(ErrorCode::INVALID_REPLICA);
+        };
+        let payload = Payload::Slices(vec![source]);
+        task.targets
+            .iter()
+            .try_for_each(|target| self.write_replica(target, &payload))
+    }
+
     /// Copies `(object offset, destination)` pieces from one replica.
     fn copy_from(&self, replica: &ReplicaDescriptor, pieces: &[(u64, MemSlice)]) -> CodeResult<()> {
         match self.place(replica)? {

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use mooncake_dummy_client::{DummyClient, ErrorCode, ReplicaLocation, ReplicateConfig};
+use mooncake_dummy_client::{DummyClient, ErrorCode, ReplicaLocation, ReplicateConfig, TaskStatus};
 use mooncake_integration_tests::{MasterProcess, RealClientProcess, eventually};
 
 fn dummy(node: &RealClientProcess) -> DummyClient {
@@ -265,4 +265,107 @@ fn bad_input_to_the_master_is_refused_and_it_keeps_serving() {
         .put("still-serving", b"v", &ReplicateConfig::default())
         .expect("master still serves");
     assert_eq!(client.get("still-serving").expect("get"), b"v");
+}
+
+fn finished(client: &DummyClient, id: u128) -> TaskStatus {
+    let mut status = TaskStatus::Pending;
+    eventually(Duration::from_secs(10), || {
+        status = client.query_task(id).expect("task known").status;
+        !matches!(status, TaskStatus::Pending | TaskStatus::Running)
+    });
+    status
+}
+
+#[test]
+fn copy_and_move_tasks_are_executed_by_the_owning_node() {
+    let master = MasterProcess::start(&["--client_ttl=2"]);
+    let mut a = RealClientProcess::join(&master, "64MB", &[]);
+    let b = RealClientProcess::join(&master, "64MB", &[]);
+    let c = RealClientProcess::join(&master, "64MB", &[]);
+    // Tasks are asked for through C; A owns the source and does the copying.
+    let via_c = dummy(&c);
+    let copied = pattern(3 << 20, 3);
+    via_c
+        .put("copied", &copied, &on(&a.segment_name()))
+        .expect("put");
+    let id = via_c
+        .create_copy_task("copied", &[b.segment_name(), c.segment_name()])
+        .expect("copy task");
+    assert_eq!(finished(&via_c, id), TaskStatus::Success);
+    let mut holders = segments_of(&via_c, "copied");
+    holders.sort();
+    let mut expected = vec![a.segment_name(), b.segment_name(), c.segment_name()];
+    expected.sort();
+    assert_eq!(holders, expected);
+
+    let moved = pattern(1 << 20, 4);
+    via_c
+        .put("moved", &moved, &on(&a.segment_name()))
+        .expect("put");
+    let id = via_c
+        .create_move_task("moved", &a.segment_name(), &b.segment_name())
+        .expect("move task");
+    assert_eq!(finished(&via_c, id), TaskStatus::Success);
+    assert_eq!(segments_of(&via_c, "moved"), vec![b.segment_name()]);
+
+    // The copies are real: with A gone, both objects read byte-exact from B and C.
+    a.kill9();
+    let a_gone = eventually(Duration::from_secs(4), || {
+        segments_of(&via_c, "copied").len() == 2
+    });
+    assert!(a_gone, "A's replica is still listed");
+    assert_eq!(via_c.get("copied").expect("copy on C"), copied);
+    assert_eq!(dummy(&b).get("copied").expect("copy on B"), copied);
+    assert_eq!(dummy(&b).get("moved").expect("moved to B"), moved);
+}
+
+#[test]
+fn tenants_have_separate_key_spaces() {
+    let master = MasterProcess::start(&[]);
+    let acme_node = RealClientProcess::join(&master, "64MB", &["--tenant_id=acme"]);
+    let globex_node = RealClientProcess::join(&master, "64MB", &["--tenant_id=globex"]);
+    let default_node = RealClientProcess::join(&master, "64MB", &[]);
+    let (acme, globex, default) = (dummy(&acme_node), dummy(&globex_node), dummy(&default_node));
+    let any = ReplicateConfig::default();
+    acme.put("shared-name", b"acme's", &any).expect("put acme");
+    assert_eq!(globex.is_exist("shared-name"), Ok(false));
+    assert_eq!(default.is_exist("shared-name"), Ok(false));
+    globex
+        .put("shared-name", b"globex's", &any)
+        .expect("put globex");
+    default
+        .put("shared-name", b"default's", &any)
+        .expect("put default");
+    assert_eq!(acme.get("shared-name").expect("get"), b"acme's");
+    assert_eq!(globex.get("shared-name").expect("get"), b"globex's");
+    assert_eq!(default.get("shared-name").expect("get"), b"default's");
+    // Bulk removal sees only the caller's tenant; patterns match the caller's keys.
+    assert_eq!(default.remove_by_regex("^shared-name$", true), Ok(1));
+    assert_eq!(globex.remove_all(true), Ok(1));
+    assert_eq!(acme.get("shared-name").expect("acme's survives"), b"acme's");
+    // Tasks of another tenant are invisible.
+    let id = acme
+        .create_copy_task("shared-name", &[acme_node.segment_name()])
+        .expect("task");
+    assert!(acme.query_task(id).is_ok());
+    assert_eq!(
+        globex.query_task(id).map(|t| t.key),
+        Err(ErrorCode::TASK_NOT_FOUND)
+    );
+    // The separator is reserved.
+    assert_eq!(
+        default.put("acme\u{1f}shared-name", b"x", &any),
+        Err(ErrorCode::INVALID_KEY)
+    );
+}
+
+#[test]
+fn an_invalid_tenant_name_is_a_startup_error() {
+    let status = std::process::Command::new(mooncake_integration_tests::binary("mooncake_client"))
+        .args(["--tenant_id=bad name", "--global_segment_size=16MB"])
+        .output()
+        .expect("run mooncake_client");
+    assert!(!status.status.success());
+    let stderr = String::from_utf8_lossy(&status.stderr);
+    assert!(stderr.contains("tenant_id"), "{stderr}");
 }

@@ -52,6 +52,12 @@ pub struct MasterConfig {
     pub put_start_release_timeout: Duration,
     /// Placement order of segments (`--allocation_strategy`, random).
     pub allocation_strategy: AllocationStrategy,
+    /// A copy or move task not started by its real client within this time fails
+    /// (`--pending_task_timeout_sec`, 300 s).
+    pub pending_task_timeout: Duration,
+    /// A started copy or move task not reported within this time fails and its space is
+    /// freed (`--processing_task_timeout_sec`, 300 s).
+    pub processing_task_timeout: Duration,
     /// Longest accepted key in bytes (4096).
     pub max_key_len: usize,
     /// Number of metadata shards, each with its own lock (64).
@@ -70,6 +76,8 @@ impl Default for MasterConfig {
             client_ttl: Duration::from_secs(10),
             put_start_discard_timeout: Duration::from_secs(30),
             put_start_release_timeout: Duration::from_secs(600),
+            pending_task_timeout: Duration::from_secs(300),
+            processing_task_timeout: Duration::from_secs(300),
             allocation_strategy: AllocationStrategy::Random,
             max_key_len: MAX_KEY_LEN,
             shard_count: 64,

@@ -122,6 +122,20 @@ pub static FLAGS: &[FlagSpec] = &[
         help: "space of a replaced write is reused after this many seconds",
     },
     FlagSpec {
+        name: "pending_task_timeout_sec",
+        kind: FlagKind::Value,
+        env: None,
+        default: Some("300"),
+        help: "a copy/move task not started by its real client within this many seconds fails",
+    },
+    FlagSpec {
+        name: "processing_task_timeout_sec",
+        kind: FlagKind::Value,
+        env: None,
+        default: Some("300"),
+        help: "a started copy/move task not finished within this many seconds fails",
+    },
+    FlagSpec {
         name: "allocation_strategy",
         kind: FlagKind::Value,
         env: None,
@@ -307,6 +321,8 @@ impl MasterDaemonConfig {
             client_ttl: seconds(flags, "client_ttl")?,
             put_start_discard_timeout: seconds(flags, "put_start_discard_timeout_sec")?,
             put_start_release_timeout: seconds(flags, "put_start_release_timeout_sec")?,
+            pending_task_timeout: seconds(flags, "pending_task_timeout_sec")?,
+            processing_task_timeout: seconds(flags, "processing_task_timeout_sec")?,
             allocation_strategy,
             ..MasterConfig::default()
         };

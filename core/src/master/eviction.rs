@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::objects::ObjectEntry;
+use super::objects::{ObjectEntry, Stamp};
 use super::service::{MasterService, free_now};
 
 /// What one eviction round did.
@@ -36,7 +36,8 @@ pub struct MaintenanceReport {
 fn evictable(entry: &ObjectEntry, now: Instant, soft_pinned_pass: bool) -> bool {
     entry.is_readable()
         && entry.pending.is_none()
-        && !entry.hard_pinned
+        && !entry.is_hard_pinned()
+        && !entry.has_task()
         && !entry.has_lease(now)
         && entry.is_soft_pinned(now) == soft_pinned_pass
 }
@@ -72,14 +73,14 @@ impl MasterService {
     }
 
     fn evict_pass(&self, target: u64, now: Instant, soft_pinned: bool) -> EvictionReport {
-        let mut candidates: Vec<(Instant, usize, Box<str>)> = Vec::new();
+        let mut candidates: Vec<(Stamp, usize, Box<str>)> = Vec::new();
         for (index, shard) in self.shards.iter().enumerate() {
             let shard = shard.lock();
             candidates.extend(
                 shard
                     .iter()
                     .filter(|(_, e)| evictable(e, now, soft_pinned))
-                    .map(|(k, e)| (e.lease_until, index, k.clone())),
+                    .map(|(k, e)| (e.last_used(), index, k.clone())),
             );
         }
         candidates.sort_unstable_by_key(|(stamp, _, _)| *stamp);
@@ -100,7 +101,7 @@ impl MasterService {
                 report.bytes += replica_bytes(&entry);
                 report.objects += 1;
                 if let Some(version) = entry.readable {
-                    free_now(version.replicas);
+                    free_now(version.replicas.into_vec());
                 }
             }
         }
@@ -115,10 +116,12 @@ impl MasterService {
         let dead_clients = self.clients.take_expired(now, self.config.client_ttl);
         for client in &dead_clients {
             tracing::warn!(client = %format!("{client:032x}"), ttl = ?self.config.client_ttl, "real client stopped heartbeating; unmounting its segments");
+            self.fail_tasks_of(*client);
             for id in self.segments.owned_by(*client) {
                 let _ = self.unmount_segment(id);
             }
         }
+        self.expire_tasks(now);
         self.release_deferred(now);
         self.discard_abandoned_writes(now);
         let (used, capacity) = self.segments.totals();
@@ -155,7 +158,7 @@ impl MasterService {
                     .is_some_and(|p| now.duration_since(p.started) > limit)
                     && let Some(pending) = entry.pending.take()
                 {
-                    free_now(pending.version.replicas);
+                    free_now(pending.version.replicas.into_vec());
                 }
                 entry.readable.is_some() || entry.pending.is_some()
             });

@@ -28,4 +28,4 @@ pub use config::{AllocationStrategy, MasterConfig};
 pub use eviction::{EvictionReport, MaintenanceReport};
 pub use segments::{MountedSegment, SegmentUsage};
 pub use service::{LOCAL_OWNER, MAX_REGEX_LEN, MasterService, MasterStats, PutStarted};
-pub use tasks::{TaskInfo, TaskKind, TaskStatus};
+pub use tasks::{MAX_ACTIVE_TASKS, MAX_FINISHED_TASKS, TaskInfo, TaskKind, TaskStatus, TaskWork};

@@ -13,9 +13,10 @@ use crate::error::{CodeResult, ErrorCode};
 use crate::protocol::codec;
 use crate::protocol::master_rpc::{MASTER_PROTOCOL_VERSION, MasterHello, MasterRpc};
 use crate::protocol::rpc::WriteMode;
+use crate::tenant::Tenant;
 use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
-use super::{ClientStatus, MasterService, MasterStats, PutStarted, TaskInfo};
+use super::{ClientStatus, MasterService, MasterStats, PutStarted, TaskInfo, TaskWork};
 
 /// How often maintenance (liveness, eviction, expired holds) runs.
 pub const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(50);
@@ -119,12 +120,20 @@ impl MasterRpc for MasterHandler {
         self.master.batch_remove(&keys, force)
     }
 
-    async fn remove_by_regex(self, _: Context, pattern: String, force: bool) -> CodeResult<u64> {
-        self.master.remove_by_regex(&pattern, force)
+    async fn remove_by_regex(
+        self,
+        _: Context,
+        tenant: String,
+        pattern: String,
+        force: bool,
+    ) -> CodeResult<u64> {
+        let tenant = Tenant::new(&tenant).map_err(|_| ErrorCode::INVALID_PARAMS)?;
+        self.master.remove_by_regex_of(&tenant, &pattern, force)
     }
 
-    async fn remove_all(self, _: Context, force: bool) -> u64 {
-        self.master.remove_all(force)
+    async fn remove_all(self, _: Context, tenant: String, force: bool) -> CodeResult<u64> {
+        let tenant = Tenant::new(&tenant).map_err(|_| ErrorCode::INVALID_PARAMS)?;
+        Ok(self.master.remove_all_of(&tenant, force))
     }
 
     async fn create_copy_task(
@@ -150,6 +159,21 @@ impl MasterRpc for MasterHandler {
 
     async fn query_task(self, _: Context, id: u128) -> CodeResult<TaskInfo> {
         self.master.query_task(id)
+    }
+
+    async fn fetch_tasks(self, _: Context, client: u128, max: u32) -> Vec<TaskWork> {
+        self.master
+            .fetch_tasks(client, usize::try_from(max).unwrap_or(usize::MAX))
+    }
+
+    async fn finish_task(
+        self,
+        _: Context,
+        client: u128,
+        id: u128,
+        outcome: Result<(), i32>,
+    ) -> CodeResult<()> {
+        self.master.finish_task(client, id, outcome)
     }
 
     async fn stats(self, _: Context) -> MasterStats {

@@ -10,16 +10,15 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CodeResult, ErrorCode};
-use crate::types::{
-    ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentId, SoftPinAction, validate_key,
-};
+use crate::tenant::{Tenant, validate_stored_key};
+use crate::types::{ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentId, SoftPinAction};
 
 use super::clients::{ClientStatus, ClientTable};
 use super::clock::Clock;
 use super::config::MasterConfig;
 use super::objects::{ObjectEntry, PendingWrite, StoredReplica, Version};
 use super::segments::{MountedSegment, SegmentTable, SegmentUsage};
-use super::tasks::{TaskInfo, TaskKind, TaskStatus, TaskTable};
+use super::tasks::TaskTable;
 
 /// What a successful [`MasterService::put_start`] hands the writer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,7 +119,7 @@ impl MasterService {
     }
 
     fn check_key(&self, key: &str) -> CodeResult<()> {
-        validate_key(key, self.config.max_key_len)
+        validate_stored_key(key, self.config.max_key_len)
     }
 
     /// Mounts a segment of `capacity` bytes (its name must be unique) owned by real
@@ -162,6 +161,7 @@ impl MasterService {
     /// Unmounts every segment of `client` (it exited or stopped heartbeating).
     pub fn remove_client(&self, client: u128) {
         self.clients.remove(client);
+        self.fail_tasks_of(client);
         for id in self.segments.owned_by(client) {
             let _ = self.unmount_segment(id);
         }
@@ -179,7 +179,8 @@ impl MasterService {
                     .iter_mut()
                     .chain(entry.pending.iter_mut().map(|p| &mut p.version))
                 {
-                    version.replicas.retain(|r| r.segment.id != id);
+                    // The segment's space went away with it: nothing to free.
+                    let _gone = version.replicas.split_off(|r| r.segment.id != id);
                 }
                 if entry
                     .readable
@@ -252,7 +253,10 @@ impl MasterService {
             free_now(replicas);
             return Err(code);
         }
-        let version = Version { size, replicas };
+        let version = Version {
+            size,
+            replicas: replicas.into(),
+        };
         let descriptors = version.descriptors(ReplicaStatus::Processing);
         let write_id = self.write_ids.fetch_add(1, Ordering::Relaxed) + 1;
         let pending = PendingWrite {
@@ -261,14 +265,12 @@ impl MasterService {
             soft_pin,
             write_id,
         };
-        let entry = shard.entry(key.into()).or_insert_with(|| ObjectEntry {
-            readable: None,
-            pending: None,
-            lease_until: now,
-            soft_pin_until: None,
-            hard_pinned: false,
-        });
-        entry.hard_pinned |= config.with_hard_pin;
+        let entry = shard
+            .entry(key.into())
+            .or_insert_with(|| ObjectEntry::new(now));
+        if config.with_hard_pin {
+            entry.pin_hard();
+        }
         entry.pending = Some(Box::new(pending));
         Ok(PutStarted {
             replicas: descriptors,
@@ -291,6 +293,9 @@ impl MasterService {
         if existing.is_readable() && !overwrite {
             return Err(ErrorCode::OBJECT_ALREADY_EXISTS);
         }
+        if existing.has_task() {
+            return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK);
+        }
         if let Some(pending) = &existing.pending {
             if now.duration_since(pending.started) < self.config.put_start_discard_timeout {
                 return Err(if overwrite {
@@ -305,7 +310,7 @@ impl MasterService {
             );
             if let Some(stale) = existing.pending.take() {
                 self.defer_free(
-                    stale.version.replicas,
+                    stale.version.replicas.into_vec(),
                     now + self.config.put_start_release_timeout,
                 );
             }
@@ -386,13 +391,13 @@ impl MasterService {
         let entry = shard.get_mut(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
         let pending = take_pending(entry, write_id)?;
         if let Some(pin) = pending.soft_pin {
-            entry.soft_pin_until = pin.map(|ttl| now + ttl);
+            entry.set_soft_pin(pin.map(|ttl| now + ttl));
         }
         if let Some(old) = entry.readable.replace(pending.version) {
-            let release_at = entry.lease_until.max(now);
-            self.defer_or_free(old.replicas, release_at, now);
+            let release_at = entry.lease_until().max(now);
+            self.defer_or_free(old.replicas.into_vec(), release_at, now);
         }
-        entry.lease_until = entry.lease_until.max(now);
+        entry.touch(now);
         Ok(())
     }
 
@@ -401,7 +406,7 @@ impl MasterService {
         let mut shard = self.shard(key).lock();
         let entry = shard.get_mut(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
         let pending = take_pending(entry, write_id)?;
-        free_now(pending.version.replicas);
+        free_now(pending.version.replicas.into_vec());
         if !entry.is_readable() {
             shard.remove(key);
         }
@@ -488,6 +493,26 @@ impl MasterService {
         self.remove_matching(|_| true, force)
     }
 
+    /// [`remove_all`](Self::remove_all) for the objects of one tenant.
+    pub fn remove_all_of(&self, tenant: &Tenant, force: bool) -> u64 {
+        self.remove_matching(|key| tenant.unscope(key).is_some(), force)
+    }
+
+    /// [`remove_by_regex`](Self::remove_by_regex) for the objects of one tenant; the
+    /// pattern sees the keys as the tenant wrote them.
+    pub fn remove_by_regex_of(
+        &self,
+        tenant: &Tenant,
+        pattern: &str,
+        force: bool,
+    ) -> CodeResult<u64> {
+        let regex = compile_regex(pattern)?;
+        Ok(self.remove_matching(
+            |key| tenant.unscope(key).is_some_and(|key| regex.is_match(key)),
+            force,
+        ))
+    }
+
     /// Removes every readable object whose key matches `pattern` (leased ones only with
     /// `force`); returns how many. The regex engine runs in linear time, and patterns
     /// longer than [`MAX_REGEX_LEN`] bytes or compiling to more than 1 MiB are
@@ -515,73 +540,6 @@ impl MasterService {
             }
         }
         removed
-    }
-
-    /// Creates a task placing replicas of `key` on each of `targets` (segment names).
-    /// Every target must be mounted (`SEGMENT_NOT_FOUND`) and the object readable.
-    pub fn create_copy_task(&self, key: &str, targets: &[String], id: u128) -> CodeResult<u128> {
-        if targets.is_empty() {
-            return Err(ErrorCode::INVALID_PARAMS);
-        }
-        self.create_task(key, TaskKind::Copy, targets, id)
-    }
-
-    /// Creates a task moving `key`'s replica from segment `source` to `target`.
-    pub fn create_move_task(
-        &self,
-        key: &str,
-        source: &str,
-        target: &str,
-        id: u128,
-    ) -> CodeResult<u128> {
-        let descriptors = self.replica_descriptors(key)?;
-        if !descriptors
-            .iter()
-            .any(|d| d.location.segment_name() == source)
-        {
-            return Err(ErrorCode::REPLICA_NOT_FOUND);
-        }
-        self.create_task(key, TaskKind::Move, &[target.to_string()], id)
-    }
-
-    fn create_task(
-        &self,
-        key: &str,
-        kind: TaskKind,
-        targets: &[String],
-        id: u128,
-    ) -> CodeResult<u128> {
-        let holders: Vec<String> = self
-            .replica_descriptors(key)?
-            .iter()
-            .map(|d| d.location.segment_name().to_string())
-            .collect();
-        for target in targets {
-            if !self.segments.has_name(target) {
-                return Err(ErrorCode::SEGMENT_NOT_FOUND);
-            }
-        }
-        // Only targets without a replica need work; moving between the segments of
-        // different nodes needs the transfer engine of a cluster deployment.
-        let needs_transfer = targets.iter().any(|t| !holders.contains(t));
-        let status = if needs_transfer {
-            TaskStatus::Failed(ErrorCode::NOT_SUPPORTED.as_i32())
-        } else {
-            TaskStatus::Success
-        };
-        self.tasks.insert(TaskInfo {
-            id,
-            kind,
-            key: key.to_string(),
-            targets: targets.to_vec(),
-            status,
-        });
-        Ok(id)
-    }
-
-    /// The state of a task.
-    pub fn query_task(&self, id: u128) -> CodeResult<TaskInfo> {
-        self.tasks.get(id).ok_or(ErrorCode::TASK_NOT_FOUND)
     }
 
     /// The id of the write in progress on `key`, if any (tests and tools).
@@ -613,6 +571,8 @@ impl MasterService {
     fn check_removable(entry: &ObjectEntry, now: Instant, force: bool) -> CodeResult<()> {
         if !entry.is_readable() || entry.pending.is_some() {
             Err(ErrorCode::REPLICA_IS_NOT_READY)
+        } else if entry.has_task() {
+            Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK)
         } else if !force && entry.has_lease(now) {
             Err(ErrorCode::OBJECT_HAS_LEASE)
         } else {
@@ -622,8 +582,9 @@ impl MasterService {
 
     /// Frees a removed object's space, after its lease if one is still running.
     fn release_entry(&self, entry: ObjectEntry, now: Instant) {
+        let lease_until = entry.lease_until();
         if let Some(version) = entry.readable {
-            self.defer_or_free(version.replicas, entry.lease_until, now);
+            self.defer_or_free(version.replicas.into_vec(), lease_until, now);
         }
     }
 
@@ -701,5 +662,6 @@ pub(super) fn free_now(replicas: Vec<StoredReplica>) {
     }
 }
 
+mod replication;
 #[cfg(test)]
 mod tests;

@@ -2,12 +2,25 @@
 //!
 //! The master validates a task when it is created (the key must be readable, every
 //! target segment mounted) so a task that can never run is an error at once, not a task
-//! that hangs. A target that already holds a replica needs no work.
+//! that hangs. A target that already holds a replica needs no work. The rest is queued
+//! for the real client that owns the source replica, which fetches it, copies the bytes
+//! with its transfer engine and reports the outcome (see `MasterService::fetch_tasks`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+
+use crate::types::{ReplicaDescriptor, SegmentId};
+
+use super::objects::StoredReplica;
+
+/// Most tasks kept once finished (the oldest are forgotten first).
+pub const MAX_FINISHED_TASKS: usize = 10_000;
+
+/// Most tasks waiting for or being executed at once.
+pub const MAX_ACTIVE_TASKS: usize = 10_000;
 
 /// What a task does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,6 +44,13 @@ pub enum TaskStatus {
     Failed(i32),
 }
 
+impl TaskStatus {
+    /// True once the task succeeded or failed.
+    pub fn is_finished(self) -> bool {
+        matches!(self, TaskStatus::Success | TaskStatus::Failed(_))
+    }
+}
+
 /// A task as reported by `query_task`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskInfo {
@@ -46,20 +66,196 @@ pub struct TaskInfo {
     pub status: TaskStatus,
 }
 
-/// Every task the master knows, by id.
+/// Work handed to the real client that executes a task: copy `source` (a replica in
+/// its own segment) into every one of `targets` (space the master allocated), then
+/// report with `finish_task`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskWork {
+    /// Task id.
+    pub id: u128,
+    /// Copy or move.
+    pub kind: TaskKind,
+    /// The object.
+    pub key: String,
+    /// Where the bytes are now.
+    pub source: ReplicaDescriptor,
+    /// Where to copy them.
+    pub targets: Vec<ReplicaDescriptor>,
+}
+
+/// A task and what the master holds for it.
+#[derive(Debug)]
+pub(super) struct TaskRecord {
+    pub info: TaskInfo,
+    /// The real client that executes it (the owner of the source segment).
+    pub executor: u128,
+    /// The segment whose replica is copied.
+    pub source: SegmentId,
+    /// When it was created, then when it started running (for the timeouts).
+    pub since: Instant,
+    /// Space allocated on the targets while it runs.
+    pub allocated: Vec<StoredReplica>,
+}
+
+#[derive(Debug, Default)]
+struct Tables {
+    tasks: HashMap<u128, TaskRecord>,
+    /// Pending task ids per executor, oldest first.
+    queues: HashMap<u128, VecDeque<u128>>,
+    /// Finished task ids, oldest first (bounded by [`MAX_FINISHED_TASKS`]).
+    finished: VecDeque<u128>,
+    /// Tasks not finished yet.
+    active: usize,
+}
+
+/// Every task the master knows, by id, and the queue of each executor.
 #[derive(Debug, Default)]
 pub struct TaskTable {
-    tasks: Mutex<HashMap<u128, TaskInfo>>,
+    tables: Mutex<Tables>,
 }
 
 impl TaskTable {
-    /// Records a task.
-    pub fn insert(&self, info: TaskInfo) {
-        self.tasks.lock().insert(info.id, info);
+    /// Records a finished task (no work was needed, or it could not be queued).
+    pub(super) fn insert_finished(&self, info: TaskInfo) {
+        let mut tables = self.tables.lock();
+        let id = info.id;
+        tables.tasks.insert(
+            id,
+            TaskRecord {
+                info,
+                executor: 0,
+                source: 0,
+                since: Instant::now(),
+                allocated: Vec::new(),
+            },
+        );
+        Self::remember_finished(&mut tables, id);
+    }
+
+    /// Queues a pending task for its executor; `false` when too many are active.
+    pub(super) fn queue(&self, record: TaskRecord) -> bool {
+        let mut tables = self.tables.lock();
+        if tables.active >= MAX_ACTIVE_TASKS {
+            return false;
+        }
+        let id = record.info.id;
+        tables
+            .queues
+            .entry(record.executor)
+            .or_default()
+            .push_back(id);
+        tables.tasks.insert(id, record);
+        tables.active += 1;
+        true
+    }
+
+    /// Whether a task with this id exists (finished or not).
+    pub(super) fn contains(&self, id: u128) -> bool {
+        self.tables.lock().tasks.contains_key(&id)
     }
 
     /// The task with this id.
     pub fn get(&self, id: u128) -> Option<TaskInfo> {
-        self.tasks.lock().get(&id).cloned()
+        self.tables.lock().tasks.get(&id).map(|r| r.info.clone())
+    }
+
+    /// Takes up to `max` pending tasks of `executor` (their records stay, marked running
+    /// by the caller through [`start`](Self::start)).
+    pub(super) fn take_queued(&self, executor: u128, max: usize) -> Vec<(u128, String, SegmentId)> {
+        let mut tables = self.tables.lock();
+        let Some(queue) = tables.queues.get_mut(&executor) else {
+            return Vec::new();
+        };
+        let ids: Vec<u128> = (0..max).map_while(|_| queue.pop_front()).collect();
+        if queue.is_empty() {
+            tables.queues.remove(&executor);
+        }
+        ids.into_iter()
+            .filter_map(|id| {
+                let record = tables.tasks.get(&id)?;
+                Some((id, record.info.key.clone(), record.source))
+            })
+            .collect()
+    }
+
+    /// Marks a task running with the space allocated for it.
+    pub(super) fn start(&self, id: u128, allocated: Vec<StoredReplica>, now: Instant) {
+        if let Some(record) = self.tables.lock().tasks.get_mut(&id) {
+            record.info.status = TaskStatus::Running;
+            record.since = now;
+            record.allocated = allocated;
+        }
+    }
+
+    /// Takes the allocations of an unfinished task of `executor` and records its
+    /// outcome; `None` when there is no such task (unknown, finished, or another
+    /// executor's).
+    pub(super) fn finish(
+        &self,
+        id: u128,
+        executor: Option<u128>,
+        status: TaskStatus,
+    ) -> Option<(TaskInfo, SegmentId, Vec<StoredReplica>)> {
+        let mut tables = self.tables.lock();
+        let record = tables.tasks.get_mut(&id)?;
+        if record.info.status.is_finished() || executor.is_some_and(|e| e != record.executor) {
+            return None;
+        }
+        record.info.status = status;
+        let taken = (
+            record.info.clone(),
+            record.source,
+            std::mem::take(&mut record.allocated),
+        );
+        let executor = record.executor;
+        if let Some(queue) = tables.queues.get_mut(&executor) {
+            queue.retain(|queued| *queued != id);
+        }
+        tables.active = tables.active.saturating_sub(1);
+        Self::remember_finished(&mut tables, id);
+        Some(taken)
+    }
+
+    /// Unfinished tasks executed by `executor`.
+    pub(super) fn unfinished_of(&self, executor: u128) -> Vec<u128> {
+        let tables = self.tables.lock();
+        tables
+            .tasks
+            .values()
+            .filter(|r| r.executor == executor && !r.info.status.is_finished())
+            .map(|r| r.info.id)
+            .collect()
+    }
+
+    /// Unfinished tasks pending longer than `pending` or running longer than `running`.
+    pub(super) fn overdue(
+        &self,
+        now: Instant,
+        pending: std::time::Duration,
+        running: std::time::Duration,
+    ) -> Vec<u128> {
+        let tables = self.tables.lock();
+        if tables.active == 0 {
+            return Vec::new();
+        }
+        tables
+            .tasks
+            .values()
+            .filter(|r| match r.info.status {
+                TaskStatus::Pending => now.duration_since(r.since) > pending,
+                TaskStatus::Running => now.duration_since(r.since) > running,
+                _ => false,
+            })
+            .map(|r| r.info.id)
+            .collect()
+    }
+
+    fn remember_finished(tables: &mut Tables, id: u128) {
+        tables.finished.push_back(id);
+        while tables.finished.len() > MAX_FINISHED_TASKS {
+            if let Some(oldest) = tables.finished.pop_front() {
+                tables.tasks.remove(&oldest);
+            }
+        }
     }
 }

@@ -3,12 +3,12 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::CodeResult;
-use crate::master::{ClientStatus, MasterStats, PutStarted, TaskInfo};
+use crate::master::{ClientStatus, MasterStats, PutStarted, TaskInfo, TaskWork};
 use crate::protocol::rpc::WriteMode;
 use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 /// Version of the master protocol; clients and master must agree exactly.
-pub const MASTER_PROTOCOL_VERSION: u32 = 2;
+pub const MASTER_PROTOCOL_VERSION: u32 = 3;
 
 /// Answer to [`MasterRpc::hello`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,10 +58,10 @@ pub trait MasterRpc {
     async fn replica_desc(keys: Vec<String>) -> Vec<CodeResult<Vec<ReplicaDescriptor>>>;
     /// Removes objects.
     async fn remove(keys: Vec<String>, force: bool) -> Vec<CodeResult<()>>;
-    /// Removes objects whose key matches a regex.
-    async fn remove_by_regex(pattern: String, force: bool) -> CodeResult<u64>;
-    /// Removes every object.
-    async fn remove_all(force: bool) -> u64;
+    /// Removes the objects of `tenant` whose key matches a regex.
+    async fn remove_by_regex(tenant: String, pattern: String, force: bool) -> CodeResult<u64>;
+    /// Removes every object of `tenant`.
+    async fn remove_all(tenant: String, force: bool) -> CodeResult<u64>;
     /// Creates a copy task.
     async fn create_copy_task(key: String, targets: Vec<String>, id: u128) -> CodeResult<u128>;
     /// Creates a move task.
@@ -73,6 +73,11 @@ pub trait MasterRpc {
     ) -> CodeResult<u128>;
     /// The state of a task.
     async fn query_task(id: u128) -> CodeResult<TaskInfo>;
+    /// Up to `max` tasks for real client `client` to execute (space on the targets
+    /// allocated).
+    async fn fetch_tasks(client: u128, max: u32) -> Vec<TaskWork>;
+    /// Reports the outcome of a task (`Err(code)` when it failed).
+    async fn finish_task(client: u128, id: u128, outcome: Result<(), i32>) -> CodeResult<()>;
     /// Object counts and segment usage.
     async fn stats() -> MasterStats;
 }

@@ -457,3 +457,177 @@ fn a_discarded_writer_cannot_complete_or_cancel_the_new_write() {
         .expect("the new writer completes");
     assert_eq!(master.object_size("k"), Ok(200));
 }
+
+/// A master with segments `a` (owner 1) and `b` (owner 2) and `k` (1000 bytes) on `a`.
+fn two_nodes_with_object_on_a() -> MasterService {
+    two_nodes_on(Clock::manual())
+}
+
+/// [`two_nodes_with_object_on_a`] on `clock`.
+fn two_nodes_on(clock: Clock) -> MasterService {
+    let master = MasterService::new(MasterConfig::default(), clock);
+    master
+        .mount_segment("a", 1 << 20, 1, "a:1")
+        .expect("mount a");
+    master
+        .mount_segment("b", 1 << 20, 2, "b:1")
+        .expect("mount b");
+    let config = ReplicateConfig {
+        preferred_segment: "a".into(),
+        ..ReplicateConfig::default()
+    };
+    master.put_start("k", 1000, &config).expect("start");
+    end(&master, "k").expect("end");
+    master
+}
+
+fn holders(master: &MasterService, key: &str) -> Vec<String> {
+    let mut names: Vec<String> = master
+        .replica_descriptors(key)
+        .expect("readable")
+        .iter()
+        .map(|d| d.location.segment_name().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+fn used(master: &MasterService, name: &str) -> u64 {
+    master
+        .stats()
+        .segments
+        .iter()
+        .find(|s| s.name == name)
+        .map_or(0, |s| s.used)
+}
+
+#[test]
+fn a_copy_task_is_executed_by_the_source_owner() {
+    let master = two_nodes_with_object_on_a();
+    let targets = vec!["b".to_string()];
+    assert_eq!(master.create_copy_task("k", &targets, 1), Ok(1));
+    let status = |id| master.query_task(id).map(|t| t.status);
+    assert_eq!(status(1), Ok(TaskStatus::Pending));
+    // Busy while the task is unfinished.
+    assert_eq!(
+        master.remove("k", true),
+        Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK)
+    );
+    assert_eq!(
+        master
+            .upsert_start("k", 10, &ReplicateConfig::default())
+            .map(|_| ()),
+        Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK)
+    );
+    assert_eq!(
+        master.create_copy_task("k", &targets, 2),
+        Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK)
+    );
+    assert!(
+        master.fetch_tasks(2, 16).is_empty(),
+        "b does not own the source"
+    );
+    let work = master.fetch_tasks(1, 16);
+    assert_eq!(work.len(), 1);
+    assert_eq!(work[0].source.location.segment_name(), "a");
+    assert_eq!(work[0].targets.len(), 1);
+    assert_eq!(work[0].targets[0].location.segment_name(), "b");
+    assert_eq!(status(1), Ok(TaskStatus::Running));
+    assert_eq!(used(&master, "b"), 1024);
+    assert_eq!(
+        master.finish_task(2, 1, Ok(())),
+        Err(ErrorCode::TASK_NOT_FOUND)
+    );
+    assert_eq!(master.finish_task(1, 1, Ok(())), Ok(()));
+    assert_eq!(status(1), Ok(TaskStatus::Success));
+    assert_eq!(holders(&master, "k"), ["a", "b"]);
+    assert_eq!(
+        master.finish_task(1, 1, Ok(())),
+        Err(ErrorCode::TASK_NOT_FOUND)
+    );
+    assert_eq!(master.remove("k", true), Ok(()));
+}
+
+#[test]
+fn a_move_task_drops_its_source_and_a_failed_one_frees_its_target() {
+    let master = two_nodes_with_object_on_a();
+    assert_eq!(master.create_move_task("k", "a", "b", 1), Ok(1));
+    let work = master.fetch_tasks(1, 16);
+    assert_eq!(master.finish_task(1, work[0].id, Err(-800)), Ok(()));
+    assert_eq!(
+        master.query_task(1).map(|t| t.status),
+        Ok(TaskStatus::Failed(-800))
+    );
+    assert_eq!(
+        used(&master, "b"),
+        0,
+        "a failed task frees its target space"
+    );
+    assert_eq!(holders(&master, "k"), ["a"]);
+
+    assert_eq!(master.create_move_task("k", "a", "b", 2), Ok(2));
+    let work = master.fetch_tasks(1, 16);
+    assert_eq!(master.finish_task(1, work[0].id, Ok(())), Ok(()));
+    assert_eq!(holders(&master, "k"), ["b"]);
+    assert_eq!(
+        master.create_move_task("k", "a", "b", 3),
+        Err(ErrorCode::REPLICA_NOT_FOUND)
+    );
+    assert_eq!(master.create_move_task("k", "b", "b", 4), Ok(4));
+    assert_eq!(
+        holders(&master, "k"),
+        ["b"],
+        "a move onto its source changes nothing"
+    );
+}
+
+#[test]
+fn tasks_of_a_dead_executor_fail_and_release_the_object() {
+    let master = two_nodes_with_object_on_a();
+    assert_eq!(master.create_copy_task("k", &["b".to_string()], 1), Ok(1));
+    let _work = master.fetch_tasks(1, 16);
+    assert_eq!(used(&master, "b"), 1024);
+    master.remove_client(1);
+    assert_eq!(
+        master.query_task(1).map(|t| t.status),
+        Ok(TaskStatus::Failed(ErrorCode::REPLICA_IS_GONE.as_i32()))
+    );
+    assert_eq!(used(&master, "b"), 0);
+    assert_eq!(
+        master.exist("k"),
+        Ok(false),
+        "its only replica was on the dead node"
+    );
+}
+
+#[test]
+fn overdue_tasks_fail() {
+    let clock = Clock::manual();
+    let master = two_nodes_on(clock.clone());
+    assert_eq!(master.create_copy_task("k", &["b".to_string()], 1), Ok(1));
+    master.heartbeat(1);
+    master.heartbeat(2);
+    clock.advance(Duration::from_secs(301));
+    master.heartbeat(1);
+    master.heartbeat(2);
+    master.maintenance();
+    assert_eq!(
+        master.query_task(1).map(|t| t.status),
+        Ok(TaskStatus::Failed(ErrorCode::RPC_TIMEOUT.as_i32()))
+    );
+    assert_eq!(master.remove("k", true), Ok(()), "the object is free again");
+}
+
+#[test]
+fn an_object_costs_one_80_byte_slot_plus_its_key() {
+    // The per-key budget (200 bytes plus the key, hash table overhead included)
+    // depends on this; a single replica is stored inline.
+    assert!(std::mem::size_of::<(Box<str>, ObjectEntry)>() <= 80);
+    let master = two_nodes_with_object_on_a();
+    let shard = master.shard("k").lock();
+    let entry = shard.get("k").expect("stored");
+    assert!(matches!(
+        entry.readable.as_ref().map(|v| &v.replicas),
+        Some(crate::master::objects::Replicas::One(_))
+    ));
+}
