@@ -147,7 +147,7 @@ pub async fn serve_master_metrics(address: SocketAddr, master: Arc<MasterService
             "/metrics" => Some((
                 200,
                 "text/plain; version=0.0.4",
-                stats_metrics("master", &master.stats()),
+                stats_metrics("master", &master.stats()) + &master.rpc_metrics().render(),
             )),
             "/health" => Some((200, "text/plain", "ok\n".to_string())),
             _ => None,

@@ -15,6 +15,7 @@ pub mod error;
 pub mod flags;
 pub mod http;
 pub mod master;
+pub mod op_metrics;
 pub mod process;
 pub mod protocol;
 pub mod tenant;

@@ -369,3 +369,85 @@ fn an_invalid_tenant_name_is_a_startup_error() {
     let stderr = String::from_utf8_lossy(&status.stderr);
     assert!(stderr.contains("tenant_id"), "{stderr}");
 }
+
+/// `GET path` on `127.0.0.1:port`; the body.
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("read");
+    assert!(answer.starts_with("HTTP/1."), "{answer}");
+    answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default()
+}
+
+/// The value of the Prometheus sample whose line starts with `series`.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sample {series} in:\n{text}"))
+}
+
+#[test]
+fn master_and_node_export_operation_metrics() {
+    let metrics_port = mooncake_integration_tests::free_tcp_port();
+    let master = MasterProcess::start(&[&format!("--metrics_port={metrics_port}")]);
+    let http_port = mooncake_integration_tests::free_tcp_port();
+    let node = RealClientProcess::join(
+        &master,
+        "64MB",
+        &[
+            "--enable_http_server=true",
+            &format!("--http_port={http_port}"),
+        ],
+    );
+    let client = dummy(&node);
+    for i in 0..5 {
+        client
+            .put(
+                &format!("m{i}"),
+                &pattern(1000, i),
+                &ReplicateConfig::default(),
+            )
+            .expect("put");
+    }
+    assert!(client.get("m0").is_ok());
+    assert_eq!(
+        client.get("missing").map(|_| ()),
+        Err(ErrorCode::OBJECT_NOT_FOUND)
+    );
+
+    let text = http_get(metrics_port, "/metrics");
+    assert!(sample(&text, "mooncake_master_requests_total{op=\"put_start\"}") >= 5.0);
+    assert!(sample(&text, "mooncake_master_bytes_total{op=\"put_start\"}") >= 5000.0);
+    assert!(
+        sample(
+            &text,
+            "mooncake_master_errors_total{op=\"get_replica_list\",code=\"OBJECT_NOT_FOUND\"}"
+        ) >= 1.0
+    );
+    assert!(
+        sample(
+            &text,
+            "mooncake_master_latency_seconds_count{op=\"put_end\"}"
+        ) >= 5.0
+    );
+    assert!(
+        text.contains("mooncake_master_segment_capacity_bytes"),
+        "{text}"
+    );
+
+    let text = http_get(http_port, "/metrics");
+    assert!(sample(&text, "mooncake_client_requests_total{op=\"put\"}") >= 5.0);
+    assert!(
+        sample(
+            &text,
+            "mooncake_client_errors_total{op=\"get\",code=\"OBJECT_NOT_FOUND\"}"
+        ) >= 1.0
+    );
+    assert_eq!(http_get(http_port, "/health").trim(), "ok");
+    assert!(http_get(http_port, "/status").contains("\"segment_name\""));
+}

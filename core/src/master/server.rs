@@ -1,7 +1,7 @@
 //! Serving the master over TCP (tarpc + postcard), and its maintenance loop.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tarpc::context::Context;
@@ -30,6 +30,65 @@ pub struct MasterHandler {
     pub master_id: u128,
 }
 
+/// The master calls that are counted in `mooncake_master_*` metrics.
+#[derive(Clone, Copy, Debug)]
+enum RpcOp {
+    PutStart,
+    PutEnd,
+    PutRevoke,
+    GetReplicaList,
+    Exist,
+    Remove,
+    MountSegment,
+    Heartbeat,
+    Task,
+}
+
+/// Metric label of each [`RpcOp`], in declaration order.
+pub const RPC_NAMES: &[&str] = &[
+    "put_start",
+    "put_end",
+    "put_revoke",
+    "get_replica_list",
+    "exist",
+    "remove",
+    "mount_segment",
+    "heartbeat",
+    "task",
+];
+
+impl MasterHandler {
+    /// Counts one call of `op` that started at `started` and returns its result.
+    fn counted<T>(
+        &self,
+        op: RpcOp,
+        started: Instant,
+        bytes: u64,
+        result: CodeResult<T>,
+    ) -> CodeResult<T> {
+        self.master
+            .rpc_metrics()
+            .record(op as usize, started.elapsed(), bytes, &result);
+        result
+    }
+
+    /// Counts each item of a batch call of `op`.
+    fn counted_all<T>(
+        &self,
+        op: RpcOp,
+        started: Instant,
+        results: Vec<CodeResult<T>>,
+    ) -> Vec<CodeResult<T>> {
+        let elapsed = started.elapsed();
+        for result in &results {
+            self.master
+                .rpc_metrics()
+                .record(op as usize, elapsed, 0, result);
+        }
+        results
+    }
+}
+
 impl MasterRpc for MasterHandler {
     async fn hello(self, _: Context, version: u32) -> CodeResult<MasterHello> {
         if version != MASTER_PROTOCOL_VERSION {
@@ -51,8 +110,11 @@ impl MasterRpc for MasterHandler {
         capacity: u64,
         endpoint: String,
     ) -> CodeResult<SegmentId> {
-        self.master
-            .mount_segment(&name, capacity, client, &endpoint)
+        let started = Instant::now();
+        let result = self
+            .master
+            .mount_segment(&name, capacity, client, &endpoint);
+        self.counted(RpcOp::MountSegment, started, capacity, result)
     }
 
     async fn unmount_client(self, _: Context, client: u128) -> CodeResult<()> {
@@ -61,7 +123,10 @@ impl MasterRpc for MasterHandler {
     }
 
     async fn heartbeat(self, _: Context, client: u128) -> ClientStatus {
-        self.master.heartbeat(client)
+        let started = Instant::now();
+        let status = self.master.heartbeat(client);
+        let _ = self.counted(RpcOp::Heartbeat, started, 0, Ok(()));
+        status
     }
 
     async fn put_start(
@@ -72,18 +137,25 @@ impl MasterRpc for MasterHandler {
         config: ReplicateConfig,
         mode: WriteMode,
     ) -> CodeResult<PutStarted> {
-        match mode {
+        let started = Instant::now();
+        let result = match mode {
             WriteMode::Put => self.master.put_start(&key, size, &config),
             WriteMode::Upsert => self.master.upsert_start(&key, size, &config),
-        }
+        };
+        let bytes = if result.is_ok() { size } else { 0 };
+        self.counted(RpcOp::PutStart, started, bytes, result)
     }
 
     async fn put_end(self, _: Context, key: String, write_id: u64) -> CodeResult<()> {
-        self.master.put_end(&key, write_id)
+        let started = Instant::now();
+        let result = self.master.put_end(&key, write_id);
+        self.counted(RpcOp::PutEnd, started, 0, result)
     }
 
     async fn put_revoke(self, _: Context, key: String, write_id: u64) -> CodeResult<()> {
-        self.master.put_revoke(&key, write_id)
+        let started = Instant::now();
+        let result = self.master.put_revoke(&key, write_id);
+        self.counted(RpcOp::PutRevoke, started, 0, result)
     }
 
     async fn get_replica_list(
@@ -91,15 +163,18 @@ impl MasterRpc for MasterHandler {
         _: Context,
         key: String,
     ) -> CodeResult<(Vec<ReplicaDescriptor>, u64)> {
-        let (replicas, lease) = self.master.get_replica_list(&key)?;
-        Ok((
-            replicas,
-            u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
-        ))
+        let started = Instant::now();
+        let result = self.master.get_replica_list(&key).map(|(replicas, lease)| {
+            let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+            (replicas, lease_ms)
+        });
+        self.counted(RpcOp::GetReplicaList, started, 0, result)
     }
 
     async fn exist(self, _: Context, keys: Vec<String>) -> Vec<CodeResult<bool>> {
-        keys.iter().map(|k| self.master.exist(k)).collect()
+        let started = Instant::now();
+        let results = keys.iter().map(|k| self.master.exist(k)).collect();
+        self.counted_all(RpcOp::Exist, started, results)
     }
 
     async fn object_size(self, _: Context, key: String) -> CodeResult<u64> {
@@ -117,7 +192,9 @@ impl MasterRpc for MasterHandler {
     }
 
     async fn remove(self, _: Context, keys: Vec<String>, force: bool) -> Vec<CodeResult<()>> {
-        self.master.batch_remove(&keys, force)
+        let started = Instant::now();
+        let results = self.master.batch_remove(&keys, force);
+        self.counted_all(RpcOp::Remove, started, results)
     }
 
     async fn remove_by_regex(
@@ -143,7 +220,9 @@ impl MasterRpc for MasterHandler {
         targets: Vec<String>,
         id: u128,
     ) -> CodeResult<u128> {
-        self.master.create_copy_task(&key, &targets, id)
+        let started = Instant::now();
+        let result = self.master.create_copy_task(&key, &targets, id);
+        self.counted(RpcOp::Task, started, 0, result)
     }
 
     async fn create_move_task(
@@ -154,7 +233,9 @@ impl MasterRpc for MasterHandler {
         target: String,
         id: u128,
     ) -> CodeResult<u128> {
-        self.master.create_move_task(&key, &source, &target, id)
+        let started = Instant::now();
+        let result = self.master.create_move_task(&key, &source, &target, id);
+        self.counted(RpcOp::Task, started, 0, result)
     }
 
     async fn query_task(self, _: Context, id: u128) -> CodeResult<TaskInfo> {

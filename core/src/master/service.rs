@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CodeResult, ErrorCode};
+use crate::op_metrics::OpMetrics;
 use crate::tenant::{Tenant, validate_stored_key};
 use crate::types::{ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentId, SoftPinAction};
 
@@ -70,6 +71,7 @@ pub struct MasterService {
     pub(super) evicted_objects: AtomicU64,
     placement_seed: AtomicU64,
     write_ids: AtomicU64,
+    rpc_metrics: OpMetrics,
 }
 
 impl std::fmt::Debug for MasterService {
@@ -99,7 +101,13 @@ impl MasterService {
             evicted_objects: AtomicU64::new(0),
             placement_seed: AtomicU64::new(0),
             write_ids: AtomicU64::new(0),
+            rpc_metrics: OpMetrics::new("master", super::server::RPC_NAMES),
         }
+    }
+
+    /// Counters of the calls served over the network (see `server`).
+    pub fn rpc_metrics(&self) -> &OpMetrics {
+        &self.rpc_metrics
     }
 
     /// The settings this master runs with.
