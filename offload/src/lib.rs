@@ -1,11 +1,18 @@
-//! The SSD tier of mooncake-rs.
+//! The SSD tier of mooncake-rs: configuration, the on-disk record format and the
+//! storage backends.
 //!
-//! This crate will hold the staging buffer, the storage backends (bucket, file per key,
-//! offset allocator, distributed KV), the POSIX and io_uring I/O engines, recovery and
-//! disk eviction. Today it only names the backends so configuration can refer to them;
-//! `mooncake_client --enable_offload` is refused until the tier exists.
+//! Available so far: the settings (upstream's `MOONCAKE_OFFLOAD_*` variables and path
+//! rules, [`config`]), checksummed records ([`record`]) and the default backend,
+//! `bucket_storage_backend` ([`bucket`]), with recovery and FIFO/LRU disk eviction.
+//! The real client does not use them yet: `mooncake_client --enable_offload` is
+//! refused until the control plane (master queues, offload loop, disk read path) lands.
 
-/// The storage backends the SSD tier will offer, by their configuration names.
+pub mod bucket;
+pub mod checksum;
+pub mod config;
+pub mod record;
+
+/// The storage backends the SSD tier offers, by their configuration names.
 pub const BACKENDS: &[&str] = &[
     "bucket_storage_backend",
     "file_per_key_storage_backend",

@@ -1,0 +1,278 @@
+use super::*;
+
+/// A fresh directory, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "mooncake-bucket-{name}-{}-{}",
+            std::process::id(),
+            initial_id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn value(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_add(i.to_le_bytes()[0].wrapping_mul(13)))
+        .collect()
+}
+
+fn read(store: &mut BucketStore, key: &str) -> Result<Vec<u8>, StoreError> {
+    let mut dest = vec![0u8; 1 << 20];
+    let len = store.read_into(key, &mut dest)?;
+    dest.truncate(usize::try_from(len).expect("small"));
+    Ok(dest)
+}
+
+fn open(dir: &TempDir, quota: u64, policy: EvictionPolicy) -> (BucketStore, RecoveryReport) {
+    BucketStore::open(&dir.0, quota, policy).expect("open")
+}
+
+/// Writes bucket `b` with keys `b-0..b-<n>` (values of 1000 bytes).
+fn write(store: &mut BucketStore, b: u8, n: u8) -> u64 {
+    let names: Vec<String> = (0..n).map(|i| format!("{b}-{i}")).collect();
+    let values: Vec<Vec<u8>> = (0..n).map(|i| value(b * 16 + i, 1000)).collect();
+    let objects: Vec<(&str, &[u8])> = names
+        .iter()
+        .map(String::as_str)
+        .zip(values.iter().map(Vec::as_slice))
+        .collect();
+    let eviction = store
+        .make_room(BucketStore::bytes_needed(&objects))
+        .expect("room");
+    store.finish_eviction(eviction);
+    store.write_bucket(&objects).expect("write")
+}
+
+#[test]
+fn objects_survive_a_reopen_byte_exact() {
+    let dir = TempDir::new("reopen");
+    let (mut store, report) = open(&dir, 1 << 30, EvictionPolicy::Fifo);
+    assert_eq!(report, RecoveryReport::default());
+    write(&mut store, 1, 3);
+    write(&mut store, 2, 2);
+    assert_eq!(read(&mut store, "1-2").expect("read"), value(18, 1000));
+    let used = store.used_bytes();
+    drop(store);
+    let (mut store, report) = open(&dir, 1 << 30, EvictionPolicy::Fifo);
+    assert_eq!(
+        (report.buckets, report.objects, report.corrupt_records),
+        (2, 5, 0)
+    );
+    assert_eq!(store.used_bytes(), used);
+    for (key, seed) in [("1-0", 16), ("1-2", 18), ("2-1", 33)] {
+        assert_eq!(read(&mut store, key).expect(key), value(seed, 1000));
+    }
+    let mut sizes: Vec<_> = store.objects().map(|(k, s)| (k.to_string(), s)).collect();
+    sizes.sort();
+    assert_eq!(sizes.len(), 5);
+    assert!(sizes.iter().all(|(_, s)| *s == 1000));
+    assert!(matches!(read(&mut store, "9-9"), Err(StoreError::NotFound)));
+}
+
+#[test]
+fn a_truncated_bucket_keeps_its_intact_records() {
+    let dir = TempDir::new("truncate");
+    let (mut store, _) = open(&dir, 1 << 30, EvictionPolicy::Fifo);
+    write(&mut store, 1, 2);
+    let id = write(&mut store, 2, 4);
+    drop(store);
+    // Cut inside the third record of bucket 2 (each record is 24 + 3 + 1000 bytes).
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.0.join(format!("{id}.bucket")))
+        .expect("open data");
+    file.set_len(2 * 1027 + 500).expect("truncate");
+    let (mut store, report) = open(&dir, 1 << 30, EvictionPolicy::Fifo);
+    assert_eq!((report.objects, report.corrupt_records), (4, 2));
+    assert_eq!(read(&mut store, "2-1").expect("intact"), value(33, 1000));
+    assert!(matches!(read(&mut store, "2-2"), Err(StoreError::NotFound)));
+    assert!(matches!(read(&mut store, "2-3"), Err(StoreError::NotFound)));
+    assert_eq!(
+        read(&mut store, "1-1").expect("other bucket"),
+        value(17, 1000)
+    );
+}
+
+#[test]
+fn flipped_bits_are_caught_at_recovery_and_at_read() {
+    let dir = TempDir::new("flip");
+    let (mut store, _) = open(&dir, 1 << 30, EvictionPolicy::Fifo);
+    let id = write(&mut store, 1, 3);
+    let data = dir.0.join(format!("{id}.bucket"));
+    let flip = |at: u64| {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&data)
+            .expect("open");
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, at).expect("read");
+        byte[0] ^= 0x10;
+        file.write_all_at(&byte, at).expect("write");
+    };
+    // While open: the read notices, answers Corrupt, and forgets the key.
+    flip(1027 + 24 + 3 + 10);
+    assert!(matches!(
+        read(&mut store, "1-1"),
+        Err(StoreError::Corrupt(_))
+    ));
+    assert!(matches!(read(&mut store, "1-1"), Err(StoreError::NotFound)));
+    drop(store);
+    // At recovery: the damaged record is left out, the others stay.
+    flip(2 * 1027 + 30);
+    let (mut store, report) = open(&dir, 1 << 30, EvictionPolicy::Fifo);
+    assert_eq!((report.objects, report.corrupt_records), (1, 2));
+    assert_eq!(read(&mut store, "1-0").expect("intact"), value(16, 1000));
+}
+
+#[test]
+fn bad_metadata_and_leftovers_are_removed() {
+    let dir = TempDir::new("meta");
+    let (mut store, _) = open(&dir, 1 << 30, EvictionPolicy::Fifo);
+    let first = write(&mut store, 1, 2);
+    let second = write(&mut store, 2, 2);
+    drop(store);
+    let meta = dir.0.join(format!("{first}.meta"));
+    let mut bytes = std::fs::read(&meta).expect("read meta");
+    bytes[20] ^= 1;
+    std::fs::write(&meta, bytes).expect("write meta");
+    std::fs::write(dir.0.join("7.bucket"), b"half a bucket").expect("orphan");
+    std::fs::write(dir.0.join("8.meta.tmp"), b"unfinished").expect("tmp");
+    let (mut store, report) = open(&dir, 1 << 30, EvictionPolicy::Fifo);
+    assert_eq!(report.dropped_buckets, 1);
+    assert_eq!(report.orphan_files, 2);
+    assert_eq!((report.buckets, report.objects), (1, 2));
+    assert!(!dir.0.join(format!("{first}.bucket")).exists());
+    assert!(!dir.0.join("7.bucket").exists());
+    assert!(!dir.0.join("8.meta.tmp").exists());
+    assert!(matches!(read(&mut store, "1-0"), Err(StoreError::NotFound)));
+    assert!(read(&mut store, "2-0").is_ok());
+    assert!(dir.0.join(format!("{second}.meta")).exists());
+}
+
+#[test]
+fn fifo_evicts_the_oldest_bucket_and_stays_under_quota() {
+    let dir = TempDir::new("fifo");
+    // Room for three buckets of two 1000-byte objects.
+    let quota = 3 * 2200;
+    let (mut store, _) = open(&dir, quota, EvictionPolicy::Fifo);
+    for b in 1..=3 {
+        write(&mut store, b, 2);
+    }
+    let objects: [(&str, &[u8]); 2] = [("4-0", &[4; 1000]), ("4-1", &[4; 1000])];
+    let eviction = store
+        .make_room(BucketStore::bytes_needed(&objects))
+        .expect("room");
+    assert_eq!(eviction.keys.len(), 2);
+    assert!(
+        eviction.keys.iter().all(|k| k.starts_with("1-")),
+        "{:?}",
+        eviction.keys
+    );
+    // Phase one: gone from the index, files still there until phase two.
+    assert!(!store.contains("1-0"));
+    let oldest = eviction.buckets[0];
+    assert!(dir.0.join(format!("{oldest}.bucket")).exists());
+    store.finish_eviction(eviction);
+    assert!(!dir.0.join(format!("{oldest}.bucket")).exists());
+    store.write_bucket(&objects).expect("write");
+    assert!(store.used_bytes() <= quota);
+    assert_eq!(store.len(), 6);
+}
+
+#[test]
+fn lru_evicts_never_read_buckets_first_then_the_least_recent() {
+    let dir = TempDir::new("lru");
+    let (mut store, _) = open(&dir, 3 * 2200, EvictionPolicy::Lru);
+    for b in 1..=3 {
+        write(&mut store, b, 2);
+    }
+    read(&mut store, "1-0").expect("read 1");
+    read(&mut store, "3-0").expect("read 3");
+    read(&mut store, "1-1").expect("read 1 again");
+    write(&mut store, 4, 2); // evicts bucket 2 (never read)
+    assert!(!store.contains("2-0") && store.contains("1-0") && store.contains("3-0"));
+    write(&mut store, 5, 2); // then bucket 4 (never read) goes before 3 and 1
+    assert!(!store.contains("4-0"));
+    read(&mut store, "5-0").expect("read 5");
+    write(&mut store, 6, 2); // now bucket 3, read least recently
+    assert!(!store.contains("3-0") && store.contains("1-0") && store.contains("5-0"));
+}
+
+#[test]
+fn policy_none_refuses_instead_of_evicting() {
+    let dir = TempDir::new("none");
+    let (mut store, _) = open(&dir, 2200, EvictionPolicy::None);
+    write(&mut store, 1, 2);
+    let objects: [(&str, &[u8]); 1] = [("x", &[1; 1000])];
+    assert!(matches!(
+        store.make_room(BucketStore::bytes_needed(&objects)),
+        Err(StoreError::QuotaExceeded { .. })
+    ));
+    assert!(matches!(
+        store.write_bucket(&objects),
+        Err(StoreError::QuotaExceeded { .. })
+    ));
+    assert!(store.contains("1-0"));
+}
+
+#[test]
+fn removal_and_bad_batches() {
+    let dir = TempDir::new("remove");
+    let (mut store, _) = open(&dir, 1 << 30, EvictionPolicy::Fifo);
+    let id = write(&mut store, 1, 2);
+    assert!(matches!(
+        store.write_bucket(&[("1-0", b"again")]),
+        Err(StoreError::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        store.write_bucket(&[("d", b"1"), ("d", b"2")]),
+        Err(StoreError::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        store.write_bucket(&[]),
+        Err(StoreError::Invalid(_))
+    ));
+    assert!(matches!(
+        store.write_bucket(&[("", b"v")]),
+        Err(StoreError::Invalid(_))
+    ));
+    assert!(matches!(
+        store.write_bucket(&[("e", b"")]),
+        Err(StoreError::Invalid(_))
+    ));
+    let mut small = [0u8; 10];
+    assert!(matches!(
+        store.read_into("1-0", &mut small),
+        Err(StoreError::BufferTooSmall {
+            need: 1000,
+            have: 10
+        })
+    ));
+    assert!(store.remove("1-0"));
+    assert!(!store.remove("1-0"));
+    assert!(
+        dir.0.join(format!("{id}.bucket")).exists(),
+        "one key still lives there"
+    );
+    assert!(store.remove("1-1"));
+    assert!(!dir.0.join(format!("{id}.bucket")).exists());
+    assert_eq!(store.used_bytes(), 0);
+    write(&mut store, 2, 2);
+    assert_eq!(store.remove_all(), 2);
+    assert!(store.is_empty());
+    let (_, report) = open(&dir, 1 << 30, EvictionPolicy::Fifo);
+    assert_eq!(report.objects, 0);
+}
