@@ -98,6 +98,11 @@ pub fn stats_metrics(prefix: &str, stats: &MasterStats) -> String {
     };
     gauge("objects", "Readable objects.", stats.objects);
     gauge(
+        "objects_on_disk",
+        "Objects with a copy on a real client's SSD tier.",
+        stats.objects_on_disk,
+    );
+    gauge(
         "writes_in_progress",
         "Writes started and not finished.",
         stats.writes_in_progress,

@@ -100,13 +100,21 @@ pub enum ReplicaLocation {
         /// Where the owner's transfer engine listens (empty: in the master's process).
         endpoint: String,
     },
+    /// An object on the SSD tier of a real client.
+    Disk {
+        /// Name of the owner's memory segment (its host name and port).
+        segment_name: String,
+        /// Where the owner's transfer engine listens (it serves disk reads too).
+        endpoint: String,
+    },
 }
 
 impl ReplicaLocation {
     /// Name of the segment holding the replica.
     pub fn segment_name(&self) -> &str {
         match self {
-            ReplicaLocation::Memory { segment_name, .. } => segment_name,
+            ReplicaLocation::Memory { segment_name, .. }
+            | ReplicaLocation::Disk { segment_name, .. } => segment_name,
         }
     }
 }

@@ -180,6 +180,8 @@ pub struct RealClientConfig {
     pub http_port: Option<u16>,
     /// Settings of the embedded master.
     pub master: MasterConfig,
+    /// The SSD tier's settings (`--enable_offload`, then `MOONCAKE_OFFLOAD_*`).
+    pub offload: Option<mooncake_offload::config::OffloadConfig>,
     /// Log filter.
     pub log_level: String,
 }
@@ -248,12 +250,15 @@ impl RealClientConfig {
                 format!("{protocol:?}: only tcp is available in this build"),
             ));
         }
-        if flags.bool("enable_offload")? {
-            return Err(invalid(
-                "enable_offload",
-                "the SSD tier is not available in this build yet",
-            ));
-        }
+        let offload = if flags.bool("enable_offload")? {
+            let settings = mooncake_offload::config::OffloadConfig::from_env()
+                .map_err(|error| invalid("enable_offload", error.to_string()))?;
+            mooncake_offload::config::validate_path(&settings.path)
+                .map_err(|error| invalid("enable_offload", error.to_string()))?;
+            Some(settings)
+        } else {
+            None
+        };
         let lease = flags
             .duration("default_kv_lease_ttl", true)?
             .unwrap_or(Duration::from_secs(10));
@@ -291,8 +296,10 @@ impl RealClientConfig {
             },
             master: MasterConfig {
                 default_kv_lease_ttl: lease,
+                enable_offload: offload.is_some(),
                 ..MasterConfig::default()
             },
+            offload,
             log_level,
         })
     }

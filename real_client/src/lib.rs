@@ -17,6 +17,7 @@
 //! `setup()` mode) call [`RealClient::start`] instead.
 
 pub mod config;
+pub mod disk;
 pub mod handshake;
 pub mod in_process;
 mod liveness;
@@ -77,6 +78,12 @@ pub enum StartError {
     /// The tenant name is not valid.
     #[error("--tenant_id: {0}")]
     Tenant(String),
+    /// The SSD tier could not be opened.
+    #[error("{0}")]
+    Disk(String),
+    /// The master refused the SSD tier.
+    #[error("the master refused the SSD tier: {0}; start mooncake_master with --enable_offload")]
+    Offload(mooncake_core::ErrorCode),
 }
 
 /// A started real client: its state and the handle to stop it.
@@ -189,8 +196,19 @@ impl RealClient {
             memory,
             id: AtomicU64::new(0),
         });
-        let transfer = TransferServer::start(config.transfer_bind(), Arc::clone(&served))
-            .map_err(StartError::Transfer)?;
+        let disk = match config.offload.clone() {
+            Some(settings) => Some(Arc::new(
+                tokio::task::spawn_blocking(move || disk::DiskTier::open(settings))
+                    .await
+                    .map_err(|e| StartError::Disk(e.to_string()))?
+                    .map_err(|e| StartError::Disk(e.to_string()))?
+                    .0,
+            )),
+            None => None,
+        };
+        let transfer =
+            TransferServer::start(config.transfer_bind(), Arc::clone(&served), disk.clone())
+                .map_err(StartError::Transfer)?;
         let endpoint = format!("{}:{}", config.advertised_host(), transfer.address().port());
         let segment_name = config.segment_name();
         let id = master
@@ -203,13 +221,18 @@ impl RealClient {
             .await
             .map_err(StartError::Mount)?;
         served.id.store(id, Ordering::Release);
+        if let Some(disk) = &disk {
+            disk::register(disk, &master, client_id)
+                .await
+                .map_err(StartError::Offload)?;
+        }
         let state = Arc::new(ServerState {
             identity: ServerIdentity {
                 instance_id,
                 segment_name,
                 max_mapped_bytes: config.max_dummy_shm_size,
             },
-            store: Store::new(master, served),
+            store: Store::new(master, served, config.segment_name(), disk),
             sessions: Default::default(),
             allowed_uids: config.allowed_uids.clone(),
             started,
@@ -268,6 +291,14 @@ impl RealClient {
                 self.shutdown.subscribe(),
             ))
         });
+        let offload = self.state.store.disk().map(|disk| {
+            tokio::spawn(disk::offload_loop(
+                Arc::clone(disk),
+                Arc::clone(&self.state),
+                self.client_id,
+                self.shutdown.subscribe(),
+            ))
+        });
         let tasks = tokio::spawn(tasks::execute(
             Arc::clone(&self.state),
             self.client_id,
@@ -288,6 +319,9 @@ impl RealClient {
             let _ = task.await;
         }
         let _ = tasks.await;
+        if let Some(task) = offload {
+            let _ = task.await;
+        }
         if let Some(task) = http {
             task.abort();
         }

@@ -10,7 +10,7 @@ use tokio::sync::Mutex;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master::{
-    ClientStatus, MasterService, MasterStats, PutStarted, TaskInfo, TaskWork,
+    ClientStatus, MasterService, MasterStats, OffloadWork, PutStarted, TaskInfo, TaskWork,
 };
 use mooncake_core::protocol::codec;
 use mooncake_core::protocol::master_rpc::{MASTER_PROTOCOL_VERSION, MasterRpcClient};
@@ -43,6 +43,8 @@ pub enum MasterKind {
 pub struct MasterLink {
     kind: MasterKind,
     tenant: Tenant,
+    /// Keys are the master's already (no scoping): the SSD tier's view.
+    unscoped: bool,
 }
 
 fn ctx() -> context::Context {
@@ -134,7 +136,36 @@ macro_rules! remote {
 impl MasterLink {
     /// A link to `kind` for the keys of `tenant`.
     pub fn new(kind: MasterKind, tenant: Tenant) -> Self {
-        MasterLink { kind, tenant }
+        MasterLink {
+            kind,
+            tenant,
+            unscoped: false,
+        }
+    }
+
+    /// The same master, for keys that are the master's own (tenant-scoped already).
+    pub fn unscoped(&self) -> MasterLink {
+        MasterLink {
+            unscoped: true,
+            ..self.clone()
+        }
+    }
+
+    /// The master's name for `key`.
+    pub fn scope<'a>(&self, key: &'a str) -> std::borrow::Cow<'a, str> {
+        if self.unscoped {
+            std::borrow::Cow::Borrowed(key)
+        } else {
+            self.tenant.scope(key)
+        }
+    }
+
+    fn scope_all(&self, keys: Vec<String>) -> Vec<String> {
+        if self.unscoped {
+            keys
+        } else {
+            self.tenant.scope_all(keys)
+        }
     }
 
     /// True when the master is a separate process (it expects heartbeats).
@@ -202,7 +233,7 @@ impl MasterLink {
         config: &ReplicateConfig,
         mode: WriteMode,
     ) -> CodeResult<PutStarted> {
-        let scoped = self.tenant.scope(key);
+        let scoped = self.scope(key);
         let key = scoped.as_ref();
         match &self.kind {
             MasterKind::Embedded(m) => match mode {
@@ -221,7 +252,7 @@ impl MasterLink {
 
     /// Completes a write.
     pub async fn put_end(&self, key: &str, write_id: u64) -> CodeResult<()> {
-        let scoped = self.tenant.scope(key);
+        let scoped = self.scope(key);
         let key = scoped.as_ref();
         match &self.kind {
             MasterKind::Embedded(m) => m.put_end(key, write_id),
@@ -231,7 +262,7 @@ impl MasterLink {
 
     /// Abandons a write.
     pub async fn put_revoke(&self, key: &str, write_id: u64) -> CodeResult<()> {
-        let scoped = self.tenant.scope(key);
+        let scoped = self.scope(key);
         let key = scoped.as_ref();
         match &self.kind {
             MasterKind::Embedded(m) => m.put_revoke(key, write_id),
@@ -246,7 +277,7 @@ impl MasterLink {
         &self,
         key: &str,
     ) -> CodeResult<(Vec<ReplicaDescriptor>, Duration)> {
-        let scoped = self.tenant.scope(key);
+        let scoped = self.scope(key);
         let key = scoped.as_ref();
         match &self.kind {
             MasterKind::Embedded(m) => m.get_replica_list(key),
@@ -259,7 +290,7 @@ impl MasterLink {
 
     /// Existence per key.
     pub async fn exist(&self, keys: Vec<String>) -> Vec<CodeResult<bool>> {
-        let keys = self.tenant.scope_all(keys);
+        let keys = self.scope_all(keys);
         match &self.kind {
             MasterKind::Embedded(m) => keys.iter().map(|k| m.exist(k)).collect(),
             MasterKind::Remote(r) => {
@@ -272,7 +303,7 @@ impl MasterLink {
 
     /// Size of an object.
     pub async fn object_size(&self, key: &str) -> CodeResult<u64> {
-        let scoped = self.tenant.scope(key);
+        let scoped = self.scope(key);
         let key = scoped.as_ref();
         match &self.kind {
             MasterKind::Embedded(m) => m.object_size(key),
@@ -282,7 +313,7 @@ impl MasterLink {
 
     /// Replica descriptors per key.
     pub async fn replica_desc(&self, keys: Vec<String>) -> Vec<CodeResult<Vec<ReplicaDescriptor>>> {
-        let keys = self.tenant.scope_all(keys);
+        let keys = self.scope_all(keys);
         match &self.kind {
             MasterKind::Embedded(m) => keys.iter().map(|k| m.replica_descriptors(k)).collect(),
             MasterKind::Remote(r) => {
@@ -295,7 +326,7 @@ impl MasterLink {
 
     /// Removes objects.
     pub async fn remove(&self, keys: Vec<String>, force: bool) -> Vec<CodeResult<()>> {
-        let keys = self.tenant.scope_all(keys);
+        let keys = self.scope_all(keys);
         match &self.kind {
             MasterKind::Embedded(m) => m.batch_remove(&keys, force),
             MasterKind::Remote(r) => {
@@ -335,7 +366,7 @@ impl MasterLink {
         targets: Vec<String>,
         id: u128,
     ) -> CodeResult<u128> {
-        let key = self.tenant.scope(&key).into_owned();
+        let key = self.scope(&key).into_owned();
         match &self.kind {
             MasterKind::Embedded(m) => m.create_copy_task(&key, &targets, id),
             MasterKind::Remote(r) => remote!(r, |c| c.create_copy_task(ctx(), key, targets, id))?,
@@ -350,7 +381,7 @@ impl MasterLink {
         target: String,
         id: u128,
     ) -> CodeResult<u128> {
-        let key = self.tenant.scope(&key).into_owned();
+        let key = self.scope(&key).into_owned();
         match &self.kind {
             MasterKind::Embedded(m) => m.create_move_task(&key, &source, &target, id),
             MasterKind::Remote(r) => {
@@ -392,6 +423,41 @@ impl MasterLink {
         match &self.kind {
             MasterKind::Embedded(m) => m.finish_task(client, id, outcome),
             MasterKind::Remote(r) => remote!(r, |c| c.finish_task(ctx(), client, id, outcome))?,
+        }
+    }
+
+    /// Registers this node's SSD tier.
+    pub async fn enable_offload(&self, client: u128) -> CodeResult<()> {
+        match &self.kind {
+            MasterKind::Embedded(m) => m.enable_offload(client),
+            MasterKind::Remote(r) => remote!(r, |c| c.enable_offload(ctx(), client))?,
+        }
+    }
+
+    /// Work queued for this node's SSD tier.
+    pub async fn offload_fetch(&self, client: u128, max: u32) -> CodeResult<OffloadWork> {
+        match &self.kind {
+            MasterKind::Embedded(m) => m.offload_fetch(client, max as usize),
+            MasterKind::Remote(r) => remote!(r, |c| c.offload_fetch(ctx(), client, max))?,
+        }
+    }
+
+    /// Reports objects on this node's disk.
+    pub async fn offload_done(&self, client: u128, objects: Vec<(String, u64)>) -> CodeResult<()> {
+        match &self.kind {
+            MasterKind::Embedded(m) => m.offload_done(client, &objects),
+            MasterKind::Remote(r) => remote!(r, |c| c.offload_done(ctx(), client, objects))?,
+        }
+    }
+
+    /// Reports disk copies about to be deleted.
+    pub async fn disk_evicted(&self, client: u128, keys: Vec<String>) -> CodeResult<()> {
+        match &self.kind {
+            MasterKind::Embedded(m) => {
+                m.disk_evicted(client, &keys);
+                Ok(())
+            }
+            MasterKind::Remote(r) => remote!(r, |c| c.disk_evicted(ctx(), client, keys)),
         }
     }
 

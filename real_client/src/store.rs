@@ -13,6 +13,7 @@ use mooncake_core::protocol::rpc::WriteMode;
 use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicateConfig};
 use mooncake_shm::MemSlice;
 
+use crate::disk::DiskTier;
 use crate::master_link::MasterLink;
 use crate::transfer::TransferClient;
 use crate::transfer::server::ServedSegment;
@@ -48,6 +49,10 @@ enum Place<'a> {
         segment: u64,
         offset: u64,
     },
+    /// On this node's SSD tier.
+    LocalDisk,
+    /// On a peer's SSD tier (its transfer engine reads it for us).
+    RemoteDisk { endpoint: &'a str },
 }
 
 /// Reads and writes objects through the master, the local segment and peers.
@@ -56,6 +61,10 @@ pub struct Store {
     master: MasterLink,
     segment: Arc<ServedSegment>,
     transfers: TransferClient,
+    /// This node's SSD tier, when enabled.
+    disk: Option<Arc<DiskTier>>,
+    /// This node's segment name (disk replicas name their owner by it).
+    segment_name: String,
 }
 
 fn transfer_blocking<T>(work: impl FnOnce() -> T) -> T {
@@ -66,12 +75,24 @@ fn transfer_blocking<T>(work: impl FnOnce() -> T) -> T {
 
 impl Store {
     /// A store over `master` with `segment` mounted.
-    pub fn new(master: MasterLink, segment: Arc<ServedSegment>) -> Self {
+    pub fn new(
+        master: MasterLink,
+        segment: Arc<ServedSegment>,
+        segment_name: String,
+        disk: Option<Arc<DiskTier>>,
+    ) -> Self {
         Store {
             master,
             segment,
             transfers: TransferClient::default(),
+            disk,
+            segment_name,
         }
+    }
+
+    /// This node's SSD tier, when enabled.
+    pub fn disk(&self) -> Option<&Arc<DiskTier>> {
+        self.disk.as_ref()
     }
 
     /// The master this store talks to.
@@ -85,12 +106,24 @@ impl Store {
     }
 
     fn place<'a>(&self, replica: &'a ReplicaDescriptor) -> CodeResult<Place<'a>> {
-        let ReplicaLocation::Memory {
-            segment,
-            offset,
-            endpoint,
-            ..
-        } = &replica.location;
+        let (segment, offset, endpoint) = match &replica.location {
+            ReplicaLocation::Memory {
+                segment,
+                offset,
+                endpoint,
+                ..
+            } => (segment, offset, endpoint),
+            ReplicaLocation::Disk {
+                segment_name,
+                endpoint,
+            } => {
+                return Ok(if *segment_name == self.segment_name {
+                    Place::LocalDisk
+                } else {
+                    Place::RemoteDisk { endpoint }
+                });
+            }
+        };
         if *segment == self.segment.id.load(Ordering::Acquire) {
             return self
                 .segment
@@ -143,6 +176,7 @@ impl Store {
                 Ok(())
             }),
             (Place::Remote { .. }, Payload::Bytes(_)) => Err(ErrorCode::NOT_SUPPORTED),
+            (Place::LocalDisk | Place::RemoteDisk { .. }, _) => Err(ErrorCode::INVALID_REPLICA),
         }
     }
 
@@ -220,17 +254,7 @@ impl Store {
 
     /// Copies the whole object into a new vector.
     pub async fn get_bytes(&self, key: &str) -> CodeResult<Vec<u8>> {
-        let buffer = parking_lot::Mutex::new(None);
-        self.read(key, |size| {
-            let staged = stage_zeroed(size)?;
-            *buffer.lock() = Some(staged.clone());
-            Ok(vec![(0, staged)])
-        })
-        .await?;
-        buffer
-            .into_inner()
-            .map(|s| s.to_vec())
-            .ok_or(ErrorCode::INTERNAL_ERROR)
+        self.get_bytes_with(&self.master, key).await
     }
 
     /// Copies fragments of one object under a single lease: each `(dest, src_offset)`
@@ -277,15 +301,42 @@ impl Store {
         key: &str,
         plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, MemSlice)>>,
     ) -> CodeResult<u64> {
+        self.read_with(&self.master, key, plan).await
+    }
+
+    /// Copies the whole object into a new vector, naming it through `link` (the SSD
+    /// tier reads with the master's own keys).
+    pub async fn get_bytes_with(&self, link: &MasterLink, key: &str) -> CodeResult<Vec<u8>> {
+        let buffer = parking_lot::Mutex::new(None);
+        self.read_with(link, key, |size| {
+            let staged = stage_zeroed(size)?;
+            *buffer.lock() = Some(staged.clone());
+            Ok(vec![(0, staged)])
+        })
+        .await?;
+        buffer
+            .into_inner()
+            .map(|s| s.to_vec())
+            .ok_or(ErrorCode::INTERNAL_ERROR)
+    }
+
+    /// [`read`](Self::read) with keys named through `link`.
+    async fn read_with(
+        &self,
+        link: &MasterLink,
+        key: &str,
+        plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, MemSlice)>>,
+    ) -> CodeResult<u64> {
         let before = Instant::now();
-        let (mut replicas, lease) = self.master.get_replica_list(key).await?;
+        let stored_key = link.scope(key);
+        let (mut replicas, lease) = link.get_replica_list(key).await?;
         // This node's replica first (a memcpy), then the peers' in the master's order.
         replicas.sort_by_key(|r| !matches!(self.place(r), Ok(Place::Local(_))));
         let size = replicas.first().ok_or(ErrorCode::REPLICA_NOT_FOUND)?.size;
         let pieces = plan(size)?;
         let mut outcome = Err(ErrorCode::REPLICA_NOT_FOUND);
         for replica in &replicas {
-            outcome = self.copy_from(replica, &pieces);
+            outcome = self.copy_from(replica, &pieces, &stored_key);
             match outcome {
                 // A peer that died since the master answered: try the next replica.
                 Err(ErrorCode::TRANSFER_FAIL) => continue,
@@ -314,8 +365,33 @@ impl Store {
     }
 
     /// Copies `(object offset, destination)` pieces from one replica.
-    fn copy_from(&self, replica: &ReplicaDescriptor, pieces: &[(u64, MemSlice)]) -> CodeResult<()> {
+    fn copy_from(
+        &self,
+        replica: &ReplicaDescriptor,
+        pieces: &[(u64, MemSlice)],
+        stored_key: &str,
+    ) -> CodeResult<()> {
+        let from_value = |value: Vec<u8>| -> CodeResult<()> {
+            if value.len() as u64 != replica.size {
+                return Err(ErrorCode::TRANSFER_FAIL);
+            }
+            for (offset, dest) in pieces {
+                let start = usize::try_from(*offset).map_err(|_| ErrorCode::INVALID_PARAMS)?;
+                let part = value
+                    .get(start..start + dest.len())
+                    .ok_or(ErrorCode::INVALID_PARAMS)?;
+                dest.write_from(part);
+            }
+            Ok(())
+        };
         match self.place(replica)? {
+            Place::LocalDisk => {
+                let disk = self.disk.as_ref().ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+                from_value(transfer_blocking(|| disk.read(stored_key))?)
+            }
+            Place::RemoteDisk { endpoint } => from_value(transfer_blocking(|| {
+                self.transfers.read_disk(endpoint, stored_key)
+            })?),
             Place::Local(source) => {
                 for (offset, dest) in pieces {
                     let part = source

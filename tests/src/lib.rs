@@ -122,6 +122,7 @@ pub struct RealClientProcess {
     /// Its `--port`.
     pub port: u16,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 /// True once something accepts connections on the socket.
@@ -137,6 +138,11 @@ impl RealClientProcess {
     /// `extra` flags, and waits until it serves. Its embedded master (if any) is not
     /// served over TCP.
     pub fn start(segment: &str, extra: &[&str]) -> Self {
+        Self::start_with_env(segment, extra, &[])
+    }
+
+    /// [`start`](Self::start) with extra environment variables.
+    pub fn start_with_env(segment: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let port = unique_port();
         let mut args = vec![
             format!("--port={port}"),
@@ -150,6 +156,10 @@ impl RealClientProcess {
             child: None,
             port,
             args,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
         };
         process.spawn();
         process
@@ -157,10 +167,20 @@ impl RealClientProcess {
 
     /// Starts a real client of the cluster run by `master`.
     pub fn join(master: &MasterProcess, segment: &str, extra: &[&str]) -> Self {
+        Self::join_with_env(master, segment, extra, &[])
+    }
+
+    /// [`join`](Self::join) with extra environment variables.
+    pub fn join_with_env(
+        master: &MasterProcess,
+        segment: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let address = format!("--master_server_address={}", master.address());
         let mut flags = vec![address.as_str()];
         flags.extend_from_slice(extra);
-        Self::start(segment, &flags)
+        Self::start_with_env(segment, &flags, env)
     }
 
     /// The name of its segment (`127.0.0.1:<port>`).
@@ -181,6 +201,7 @@ impl RealClientProcess {
     fn spawn(&mut self) {
         let child = Command::new(binary("mooncake_client"))
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

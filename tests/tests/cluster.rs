@@ -29,10 +29,8 @@ fn segments_of(client: &DummyClient, key: &str) -> Vec<String> {
         .get_replica_desc(key)
         .expect("descriptors")
         .iter()
-        .map(|r| {
-            let ReplicaLocation::Memory { segment_name, .. } = &r.location;
-            segment_name.clone()
-        })
+        .filter(|r| matches!(r.location, ReplicaLocation::Memory { .. }))
+        .map(|r| r.location.segment_name().to_string())
         .collect()
 }
 

@@ -58,6 +58,8 @@ pub struct MasterConfig {
     /// A started copy or move task not reported within this time fails and its space is
     /// freed (`--processing_task_timeout_sec`, 300 s).
     pub processing_task_timeout: Duration,
+    /// Real clients may keep copies of objects on their SSD tier (`--enable_offload`).
+    pub enable_offload: bool,
     /// Longest accepted key in bytes (4096).
     pub max_key_len: usize,
     /// Number of metadata shards, each with its own lock (64).
@@ -78,6 +80,7 @@ impl Default for MasterConfig {
             put_start_release_timeout: Duration::from_secs(600),
             pending_task_timeout: Duration::from_secs(300),
             processing_task_timeout: Duration::from_secs(300),
+            enable_offload: false,
             allocation_strategy: AllocationStrategy::Random,
             max_key_len: MAX_KEY_LEN,
             shard_count: 64,

@@ -189,7 +189,7 @@ pub static FLAGS: &[FlagSpec] = &[
         kind: FlagKind::Bool,
         env: None,
         default: Some("false"),
-        help: "SSD offload control plane (not available in this build)",
+        help: "let real clients with --enable_offload keep copies of objects on their SSD tier",
     },
     FlagSpec {
         name: "enable_http_metadata_server",
@@ -287,11 +287,6 @@ impl MasterDaemonConfig {
                 "--enable_ha: high availability through etcd is not available in this build".into(),
             ));
         }
-        if flags.bool("enable_offload")? {
-            return Err(DaemonConfigError::Invalid(
-                "--enable_offload: the SSD tier is not available in this build".into(),
-            ));
-        }
         let rpc_port: u16 = number(flags, "rpc_port")?;
         let port = if rpc_port == 0 {
             number(flags, "port")?
@@ -323,6 +318,7 @@ impl MasterDaemonConfig {
             put_start_release_timeout: seconds(flags, "put_start_release_timeout_sec")?,
             pending_task_timeout: seconds(flags, "pending_task_timeout_sec")?,
             processing_task_timeout: seconds(flags, "processing_task_timeout_sec")?,
+            enable_offload: flags.bool("enable_offload")?,
             allocation_strategy,
             ..MasterConfig::default()
         };

@@ -38,6 +38,7 @@ fn evictable(entry: &ObjectEntry, now: Instant, soft_pinned_pass: bool) -> bool 
         && entry.pending.is_none()
         && !entry.is_hard_pinned()
         && !entry.has_task()
+        && !entry.is_offload_pending()
         && !entry.has_lease(now)
         && entry.is_soft_pinned(now) == soft_pinned_pass
 }

@@ -27,5 +27,7 @@ pub use clock::Clock;
 pub use config::{AllocationStrategy, MasterConfig};
 pub use eviction::{EvictionReport, MaintenanceReport};
 pub use segments::{MountedSegment, SegmentUsage};
-pub use service::{LOCAL_OWNER, MAX_REGEX_LEN, MasterService, MasterStats, PutStarted};
+pub use service::{
+    DiskCopy, LOCAL_OWNER, MAX_REGEX_LEN, MasterService, MasterStats, OffloadWork, PutStarted,
+};
 pub use tasks::{MAX_ACTIVE_TASKS, MAX_FINISHED_TASKS, TaskInfo, TaskKind, TaskStatus, TaskWork};

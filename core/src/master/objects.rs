@@ -192,8 +192,10 @@ impl Stamp {
     }
 }
 
-/// Low 62 bits of [`ObjectEntry::pins`]: the soft-pin deadline stamp (0: none).
-const PINS_STAMP_MASK: u64 = (1 << 62) - 1;
+/// Low 61 bits of [`ObjectEntry::pins`]: the soft-pin deadline stamp (0: none).
+const PINS_STAMP_MASK: u64 = (1 << 61) - 1;
+/// Bit of [`ObjectEntry::pins`]: queued for (or being written to) an SSD tier.
+const OFFLOAD_PENDING: u64 = 1 << 61;
 /// Bit of [`ObjectEntry::pins`]: never evicted.
 const HARD_PIN: u64 = 1 << 63;
 /// Bit of [`ObjectEntry::pins`]: a copy or move task is unfinished.
@@ -280,6 +282,20 @@ impl ObjectEntry {
     /// True when a copy or move task holds the object.
     pub fn has_task(&self) -> bool {
         self.pins & REPLICATING != 0
+    }
+
+    /// True while the object waits for its SSD tier write (not evicted meanwhile).
+    pub fn is_offload_pending(&self) -> bool {
+        self.pins & OFFLOAD_PENDING != 0
+    }
+
+    /// Marks the object as waiting for its SSD tier write (or done).
+    pub fn set_offload_pending(&mut self, pending: bool) {
+        if pending {
+            self.pins |= OFFLOAD_PENDING;
+        } else {
+            self.pins &= !OFFLOAD_PENDING;
+        }
     }
 
     /// Marks the object held (or released) by a copy or move task.

@@ -16,7 +16,9 @@ use crate::protocol::rpc::WriteMode;
 use crate::tenant::Tenant;
 use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
-use super::{ClientStatus, MasterService, MasterStats, PutStarted, TaskInfo, TaskWork};
+use super::{
+    ClientStatus, MasterService, MasterStats, OffloadWork, PutStarted, TaskInfo, TaskWork,
+};
 
 /// How often maintenance (liveness, eviction, expired holds) runs.
 pub const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(50);
@@ -255,6 +257,28 @@ impl MasterRpc for MasterHandler {
         outcome: Result<(), i32>,
     ) -> CodeResult<()> {
         self.master.finish_task(client, id, outcome)
+    }
+
+    async fn enable_offload(self, _: Context, client: u128) -> CodeResult<()> {
+        self.master.enable_offload(client)
+    }
+
+    async fn offload_fetch(self, _: Context, client: u128, max: u32) -> CodeResult<OffloadWork> {
+        self.master
+            .offload_fetch(client, usize::try_from(max).unwrap_or(usize::MAX))
+    }
+
+    async fn offload_done(
+        self,
+        _: Context,
+        client: u128,
+        objects: Vec<(String, u64)>,
+    ) -> CodeResult<()> {
+        self.master.offload_done(client, &objects)
+    }
+
+    async fn disk_evicted(self, _: Context, client: u128, keys: Vec<String>) {
+        self.master.disk_evicted(client, &keys);
     }
 
     async fn stats(self, _: Context) -> MasterStats {

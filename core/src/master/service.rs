@@ -44,6 +44,8 @@ pub struct MasterStats {
     pub clients: u64,
     /// Objects evicted since start.
     pub evicted_objects: u64,
+    /// Objects with a copy on a real client's SSD tier.
+    pub objects_on_disk: u64,
 }
 
 pub(super) type Shard = Mutex<HashMap<Box<str>, ObjectEntry>>;
@@ -72,6 +74,8 @@ pub struct MasterService {
     placement_seed: AtomicU64,
     write_ids: AtomicU64,
     rpc_metrics: OpMetrics,
+    disk: Box<[offload::DiskShard]>,
+    offload: offload::OffloadQueues,
 }
 
 impl std::fmt::Debug for MasterService {
@@ -88,6 +92,9 @@ impl MasterService {
         let shards = (0..config.shard_count.max(1))
             .map(|_| Mutex::new(HashMap::new()))
             .collect();
+        let disk = (0..config.shard_count.max(1))
+            .map(|_| Mutex::new(HashMap::new()))
+            .collect();
         MasterService {
             config,
             clock,
@@ -102,6 +109,8 @@ impl MasterService {
             placement_seed: AtomicU64::new(0),
             write_ids: AtomicU64::new(0),
             rpc_metrics: OpMetrics::new("master", super::server::RPC_NAMES),
+            disk,
+            offload: Mutex::new(HashMap::new()),
         }
     }
 
@@ -115,7 +124,7 @@ impl MasterService {
         &self.config
     }
 
-    fn shard(&self, key: &str) -> &Shard {
+    fn shard_index(&self, key: &str) -> usize {
         let hash = self.hasher.hash_one(key);
         let len = self.shards.len() as u64;
         #[expect(
@@ -123,7 +132,11 @@ impl MasterService {
             reason = "the remainder is below shards.len()"
         )]
         let index = (hash % len) as usize;
-        &self.shards[index]
+        index
+    }
+
+    fn shard(&self, key: &str) -> &Shard {
+        &self.shards[self.shard_index(key)]
     }
 
     fn check_key(&self, key: &str) -> CodeResult<()> {
@@ -170,6 +183,7 @@ impl MasterService {
     pub fn remove_client(&self, client: u128) {
         self.clients.remove(client);
         self.fail_tasks_of(client);
+        self.forget_disk_of(client);
         for id in self.segments.owned_by(client) {
             let _ = self.unmount_segment(id);
         }
@@ -251,6 +265,9 @@ impl MasterService {
         }
         let now = self.clock.now();
         let soft_pin = self.soft_pin_change(config)?;
+        if !overwrite && self.disk_copy(key).is_some() {
+            return Err(ErrorCode::OBJECT_ALREADY_EXISTS);
+        }
         self.release_deferred(now);
         // Check before allocating (cheap refusal), and again after: eviction may have
         // run in between without the shard lock held.
@@ -401,11 +418,25 @@ impl MasterService {
         if let Some(pin) = pending.soft_pin {
             entry.set_soft_pin(pin.map(|ttl| now + ttl));
         }
+        let size = pending.version.size;
+        let owner = pending
+            .version
+            .replicas
+            .iter()
+            .next()
+            .map(|r| r.segment.owner);
         if let Some(old) = entry.readable.replace(pending.version) {
             let release_at = entry.lease_until().max(now);
             self.defer_or_free(old.replicas.into_vec(), release_at, now);
         }
         entry.touch(now);
+        drop(shard);
+        // A disk copy of the replaced version is stale (dropped before the new version
+        // is queued, so its deletion reaches the disk first).
+        self.drop_disk_copy(key);
+        if let Some(owner) = owner {
+            self.queue_offload(key, size, owner);
+        }
         Ok(())
     }
 
@@ -427,27 +458,53 @@ impl MasterService {
         self.check_key(key)?;
         let ttl = self.config.default_kv_lease_ttl;
         let mut shard = self.shard(key).lock();
-        let entry = shard.get_mut(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        let descriptors = entry
-            .readable
-            .as_ref()
-            .map(|v| v.descriptors(ReplicaStatus::Complete))
-            .ok_or(ErrorCode::REPLICA_IS_NOT_READY)?;
-        entry.grant_lease(self.clock.now() + ttl);
-        Ok((descriptors, ttl))
+        match shard.get_mut(key) {
+            Some(entry) if entry.is_readable() => {
+                let descriptors = entry
+                    .readable
+                    .as_ref()
+                    .map(|v| v.descriptors(ReplicaStatus::Complete))
+                    .unwrap_or_default();
+                entry.grant_lease(self.clock.now() + ttl);
+                Ok((descriptors, ttl))
+            }
+            found => {
+                let code = if found.is_some() {
+                    ErrorCode::REPLICA_IS_NOT_READY
+                } else {
+                    ErrorCode::OBJECT_NOT_FOUND
+                };
+                drop(shard);
+                // Only on disk: the owner reads it for the caller.
+                let disk = self.disk_descriptor(key).ok_or(code)?;
+                Ok((vec![disk], ttl))
+            }
+        }
     }
 
     /// Where a readable object's replicas are, without granting a lease (for
     /// inspection, not for reading the bytes).
     pub fn replica_descriptors(&self, key: &str) -> CodeResult<Vec<ReplicaDescriptor>> {
         self.check_key(key)?;
-        let shard = self.shard(key).lock();
-        let entry = shard.get(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        entry
-            .readable
-            .as_ref()
-            .map(|v| v.descriptors(ReplicaStatus::Complete))
-            .ok_or(ErrorCode::REPLICA_IS_NOT_READY)
+        let memory = {
+            let shard = self.shard(key).lock();
+            shard.get(key).map(|entry| {
+                entry
+                    .readable
+                    .as_ref()
+                    .map(|v| v.descriptors(ReplicaStatus::Complete))
+            })
+        };
+        let disk = self.disk_descriptor(key);
+        match (memory, disk) {
+            (Some(Some(mut replicas)), disk) => {
+                replicas.extend(disk);
+                Ok(replicas)
+            }
+            (_, Some(disk)) => Ok(vec![disk]),
+            (Some(None), None) => Err(ErrorCode::REPLICA_IS_NOT_READY),
+            (None, None) => Err(ErrorCode::OBJECT_NOT_FOUND),
+        }
     }
 
     /// Whether a readable object exists; grants a read lease when it does (as upstream).
@@ -459,22 +516,31 @@ impl MasterService {
                 entry.grant_lease(self.clock.now() + self.config.default_kv_lease_ttl);
                 Ok(true)
             }
-            _ => Ok(false),
+            _ => {
+                drop(shard);
+                Ok(self.disk_descriptor(key).is_some())
+            }
         }
+    }
+
+    /// Size of the readable memory version of `key`, if any.
+    fn object_size_in_memory(&self, key: &str) -> Option<u64> {
+        let shard = self.shard(key).lock();
+        shard.get(key)?.readable.as_ref().map(|v| v.size)
     }
 
     /// Size of a readable object, without granting a lease.
     pub fn object_size(&self, key: &str) -> CodeResult<u64> {
         self.check_key(key)?;
-        let shard = self.shard(key).lock();
-        match shard.get(key) {
+        let in_memory = match self.shard(key).lock().get(key) {
             Some(ObjectEntry {
                 readable: Some(version),
                 ..
-            }) => Ok(version.size),
-            Some(_) => Err(ErrorCode::REPLICA_IS_NOT_READY),
-            None => Err(ErrorCode::OBJECT_NOT_FOUND),
-        }
+            }) => return Ok(version.size),
+            Some(_) => ErrorCode::REPLICA_IS_NOT_READY,
+            None => ErrorCode::OBJECT_NOT_FOUND,
+        };
+        self.disk_descriptor(key).map(|d| d.size).ok_or(in_memory)
     }
 
     /// Removes an object. Under a read lease this is `OBJECT_HAS_LEASE` unless `force`;
@@ -483,11 +549,21 @@ impl MasterService {
         self.check_key(key)?;
         let now = self.clock.now();
         let mut shard = self.shard(key).lock();
-        let entry = shard.get(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let Some(entry) = shard.get(key) else {
+            drop(shard);
+            // Only on disk: the owner deletes the file.
+            return if self.drop_disk_copy(key) {
+                Ok(())
+            } else {
+                Err(ErrorCode::OBJECT_NOT_FOUND)
+            };
+        };
         Self::check_removable(entry, now, force)?;
         if let Some(entry) = shard.remove(key) {
             self.release_entry(entry, now);
         }
+        drop(shard);
+        self.drop_disk_copy(key);
         Ok(())
     }
 
@@ -532,6 +608,16 @@ impl MasterService {
 
     fn remove_matching(&self, matches: impl Fn(&str) -> bool, force: bool) -> u64 {
         let now = self.clock.now();
+        // Disk copies to consider, with whether their object is in memory now: those
+        // removed with their object count with it, disk-only ones count on their own.
+        let on_disk: Vec<(String, bool)> = self
+            .disk_keys_matching(&matches)
+            .into_iter()
+            .map(|key| {
+                let in_memory = self.shard(&key).lock().contains_key(key.as_str());
+                (key, in_memory)
+            })
+            .collect();
         let mut removed = 0u64;
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
@@ -545,6 +631,14 @@ impl MasterService {
                     self.release_entry(entry, now);
                     removed += 1;
                 }
+            }
+        }
+        for (key, was_in_memory) in on_disk {
+            if self.shard(&key).lock().contains_key(key.as_str()) {
+                continue; // kept in memory (leased or busy): its disk copy stays too
+            }
+            if self.drop_disk_copy(&key) && !was_in_memory {
+                removed += 1;
             }
         }
         removed
@@ -562,6 +656,7 @@ impl MasterService {
     /// Object counts and segment usage.
     pub fn stats(&self) -> MasterStats {
         let mut stats = MasterStats {
+            objects_on_disk: self.disk_objects(),
             segments: self.segments.usage(),
             clients: self.clients.count() as u64,
             evicted_objects: self.evicted_objects.load(Ordering::Relaxed),
@@ -670,6 +765,9 @@ pub(super) fn free_now(replicas: Vec<StoredReplica>) {
     }
 }
 
+mod offload;
 mod replication;
+
+pub use offload::{DiskCopy, OffloadWork};
 #[cfg(test)]
 mod tests;

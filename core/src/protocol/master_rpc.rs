@@ -3,12 +3,12 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::CodeResult;
-use crate::master::{ClientStatus, MasterStats, PutStarted, TaskInfo, TaskWork};
+use crate::master::{ClientStatus, MasterStats, OffloadWork, PutStarted, TaskInfo, TaskWork};
 use crate::protocol::rpc::WriteMode;
 use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 /// Version of the master protocol; clients and master must agree exactly.
-pub const MASTER_PROTOCOL_VERSION: u32 = 3;
+pub const MASTER_PROTOCOL_VERSION: u32 = 4;
 
 /// Answer to [`MasterRpc::hello`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +78,15 @@ pub trait MasterRpc {
     async fn fetch_tasks(client: u128, max: u32) -> Vec<TaskWork>;
     /// Reports the outcome of a task (`Err(code)` when it failed).
     async fn finish_task(client: u128, id: u128, outcome: Result<(), i32>) -> CodeResult<()>;
+    /// Registers the SSD tier of real client `client` (`UNABLE_OFFLOAD` when the
+    /// master runs without `--enable_offload`).
+    async fn enable_offload(client: u128) -> CodeResult<()>;
+    /// Work queued for `client`'s SSD tier (at most `max` objects to write).
+    async fn offload_fetch(client: u128, max: u32) -> CodeResult<OffloadWork>;
+    /// Objects `client` has on disk (written, or found at startup).
+    async fn offload_done(client: u128, objects: Vec<(String, u64)>) -> CodeResult<()>;
+    /// Disk copies `client` is about to delete.
+    async fn disk_evicted(client: u128, keys: Vec<String>);
     /// Object counts and segment usage.
     async fn stats() -> MasterStats;
 }

@@ -12,4 +12,4 @@ pub mod master_rpc;
 pub mod rpc;
 
 /// Version of the dummy ↔ real protocol; both sides must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;

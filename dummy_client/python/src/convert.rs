@@ -29,24 +29,35 @@ pub fn code(code: ErrorCode) -> i64 {
     i64::from(code.as_i32())
 }
 
-/// A replica descriptor as a dict: `type`, `segment_name`, `segment_id`, `offset`,
-/// `size`, `status`.
+/// A replica descriptor as a dict: `type` (`memory` or `local_disk`), `segment_name`,
+/// `endpoint`, `size`, `status`, and for memory `segment_id` and `offset`.
 pub fn descriptor<'py>(
     py: Python<'py>,
     replica: &ReplicaDescriptor,
 ) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
-    let ReplicaLocation::Memory {
-        segment,
-        segment_name,
-        offset,
-        endpoint,
-    } = &replica.location;
-    dict.set_item("type", "memory")?;
-    dict.set_item("segment_name", segment_name)?;
-    dict.set_item("segment_id", segment)?;
-    dict.set_item("offset", offset)?;
-    dict.set_item("endpoint", endpoint)?;
+    match &replica.location {
+        ReplicaLocation::Memory {
+            segment,
+            segment_name,
+            offset,
+            endpoint,
+        } => {
+            dict.set_item("type", "memory")?;
+            dict.set_item("segment_name", segment_name)?;
+            dict.set_item("segment_id", segment)?;
+            dict.set_item("offset", offset)?;
+            dict.set_item("endpoint", endpoint)?;
+        }
+        ReplicaLocation::Disk {
+            segment_name,
+            endpoint,
+        } => {
+            dict.set_item("type", "local_disk")?;
+            dict.set_item("segment_name", segment_name)?;
+            dict.set_item("endpoint", endpoint)?;
+        }
+    }
     dict.set_item("size", replica.size)?;
     let status = match replica.status {
         ReplicaStatus::Processing => "processing",

@@ -182,8 +182,8 @@ fn status(client: &DummyClient) -> Result<(), Failure> {
         );
     }
     println!(
-        "objects      {} ({} writes in progress)",
-        report.master.objects, report.master.writes_in_progress
+        "objects      {} ({} writes in progress, {} on disk)",
+        report.master.objects, report.master.writes_in_progress, report.master.objects_on_disk
     );
     println!(
         "dummies      {} attached, {} mapped",

@@ -92,6 +92,34 @@ impl TransferClient {
         )
     }
 
+    /// Reads the object stored under `key` on the peer's SSD tier.
+    pub fn read_disk(&self, endpoint: &str, key: &str) -> CodeResult<Vec<u8>> {
+        let mut stream = self.checkout(endpoint)?;
+        let io = |e: std::io::Error| {
+            tracing::warn!(endpoint, error = %e, "disk read from a peer failed");
+            ErrorCode::TRANSFER_FAIL
+        };
+        let request = Request {
+            op: Op::ReadDisk,
+            segment: 0,
+            offset: 0,
+            len: key.len() as u64,
+        };
+        std::io::Write::write_all(&mut stream, &request.encode()).map_err(io)?;
+        std::io::Write::write_all(&mut stream, key.as_bytes()).map_err(io)?;
+        let len = match read_response(&mut stream).map_err(|_| ErrorCode::TRANSFER_FAIL)? {
+            Ok(len) => len,
+            Err(code) => {
+                self.checkin(endpoint, stream);
+                return Err(code);
+            }
+        };
+        let mut value = vec![0u8; usize::try_from(len).map_err(|_| ErrorCode::TRANSFER_FAIL)?];
+        std::io::Read::read_exact(&mut stream, &mut value).map_err(io)?;
+        self.checkin(endpoint, stream);
+        Ok(value)
+    }
+
     fn transfer(&self, endpoint: &str, request: Request, local: &MemSlice) -> CodeResult<()> {
         let mut stream = self.checkout(endpoint)?;
         let io = |e: std::io::Error| {
@@ -111,6 +139,7 @@ impl TransferClient {
                 }
                 status
             }
+            Op::ReadDisk => return Err(ErrorCode::INVALID_PARAMS),
         };
         match status {
             Ok(len) if len == request.len => {

@@ -8,6 +8,7 @@ use mooncake_core::error::ErrorCode;
 use mooncake_shm::SharedMemory;
 
 use super::wire::{Op, Request, WireError, write_response};
+use crate::disk::DiskTier;
 
 /// The transfer listener of one real client.
 #[derive(Debug)]
@@ -27,8 +28,13 @@ pub struct ServedSegment {
 }
 
 impl TransferServer {
-    /// Binds `bind` and serves `segment` on background threads (one per connection).
-    pub fn start(bind: SocketAddr, segment: Arc<ServedSegment>) -> std::io::Result<Self> {
+    /// Binds `bind` and serves `segment` (and `disk`, this node's SSD tier, when
+    /// enabled) on background threads (one per connection).
+    pub fn start(
+        bind: SocketAddr,
+        segment: Arc<ServedSegment>,
+        disk: Option<Arc<DiskTier>>,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(bind)?;
         let address = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -42,9 +48,10 @@ impl TransferServer {
                     }
                     let Ok(stream) = stream else { continue };
                     let segment = Arc::clone(&segment);
+                    let disk = disk.clone();
                     let spawned = std::thread::Builder::new()
                         .name("transfer-peer".into())
-                        .spawn(move || serve_connection(stream, &segment));
+                        .spawn(move || serve_connection(stream, &segment, disk.as_deref()));
                     if let Err(error) = spawned {
                         tracing::warn!(%error, "cannot start a transfer connection thread");
                     }
@@ -67,7 +74,7 @@ impl Drop for TransferServer {
     }
 }
 
-fn serve_connection(mut stream: TcpStream, segment: &ServedSegment) {
+fn serve_connection(mut stream: TcpStream, segment: &ServedSegment, disk: Option<&DiskTier>) {
     let _ = stream.set_nodelay(true);
     // Idle pooled connections may wait long between requests; a stalled peer mid-frame
     // is dropped after the write timeout.
@@ -82,7 +89,12 @@ fn serve_connection(mut stream: TcpStream, segment: &ServedSegment) {
                 return;
             }
         };
-        if serve_request(&mut stream, segment, request).is_err() {
+        let served = if request.op == Op::ReadDisk {
+            serve_disk_read(&mut stream, disk, request.len)
+        } else {
+            serve_request(&mut stream, segment, request)
+        };
+        if served.is_err() {
             return;
         }
     }
@@ -111,6 +123,7 @@ fn serve_request(
             write_response(stream, Ok(request.len))
         }
         (Op::Read, Err(code)) => write_response(stream, Err(code)),
+        (Op::ReadDisk, _) => write_response(stream, Err(ErrorCode::INVALID_PARAMS)),
         (Op::Write, Err(code)) => {
             // Drain the payload so the connection stays usable, then refuse.
             std::io::copy(
@@ -119,5 +132,28 @@ fn serve_request(
             )?;
             write_response(stream, Err(code))
         }
+    }
+}
+
+/// Reads a key of `key_len` bytes from the peer and answers with that object from this
+/// node's SSD tier.
+fn serve_disk_read(
+    stream: &mut TcpStream,
+    disk: Option<&DiskTier>,
+    key_len: u64,
+) -> std::io::Result<()> {
+    let mut key = vec![0u8; usize::try_from(key_len).unwrap_or(0)];
+    std::io::Read::read_exact(stream, &mut key)?;
+    let value = match (disk, std::str::from_utf8(&key)) {
+        (Some(disk), Ok(key)) => disk.read(key),
+        (None, _) => Err(ErrorCode::OBJECT_NOT_FOUND),
+        (_, Err(_)) => Err(ErrorCode::INVALID_KEY),
+    };
+    match value {
+        Ok(value) => {
+            write_response(stream, Ok(value.len() as u64))?;
+            std::io::Write::write_all(stream, &value)
+        }
+        Err(code) => write_response(stream, Err(code)),
     }
 }

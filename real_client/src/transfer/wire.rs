@@ -16,7 +16,14 @@ pub enum Op {
     Read = 1,
     /// Requester bytes into the segment.
     Write = 2,
+    /// An object from the peer's SSD tier: the request's `len` bytes that follow the
+    /// header are the (master's) key; the response's length is the value's, and the
+    /// value follows it.
+    ReadDisk = 3,
 }
+
+/// Longest key a [`Op::ReadDisk`] request may carry.
+pub const MAX_DISK_KEY: u64 = 1 << 20;
 
 /// One request header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +69,7 @@ impl Request {
         let op = match frame[4] {
             1 => Op::Read,
             2 => Op::Write,
+            3 => Op::ReadDisk,
             _ => return Err(WireError::Malformed("unknown operation")),
         };
         let word = |at: usize| {
@@ -77,6 +85,11 @@ impl Request {
         };
         if request.len > MAX_TRANSFER {
             return Err(WireError::Malformed("transfer larger than 1 TiB"));
+        }
+        if request.op == Op::ReadDisk && (request.len == 0 || request.len > MAX_DISK_KEY) {
+            return Err(WireError::Malformed(
+                "disk read key of 0 or more than 1 MiB",
+            ));
         }
         Ok(request)
     }

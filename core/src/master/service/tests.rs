@@ -631,3 +631,81 @@ fn an_object_costs_one_80_byte_slot_plus_its_key() {
         Some(crate::master::objects::Replicas::One(_))
     ));
 }
+
+#[test]
+fn objects_on_disk_outlive_memory_eviction() {
+    let refused = two_nodes_with_object_on_a();
+    assert_eq!(refused.enable_offload(1), Err(ErrorCode::UNABLE_OFFLOAD));
+
+    let config = MasterConfig {
+        enable_offload: true,
+        ..MasterConfig::default()
+    };
+    let clock = Clock::manual();
+    let master = MasterService::new(config, clock.clone());
+    master.mount_segment("a", 2048, 1, "a:1").expect("mount");
+    assert_eq!(
+        master.offload_fetch(1, 16),
+        Err(ErrorCode::SEGMENT_NOT_FOUND)
+    );
+    master.enable_offload(1).expect("enable");
+    put(&master, "k", 1000).expect("put");
+    let work = master.offload_fetch(1, 16).expect("work");
+    assert_eq!(work.store, vec![("k".to_string(), 1000)]);
+    master.offload_done(1, &work.store).expect("done");
+    assert_eq!(master.stats().objects_on_disk, 1);
+    // Memory fills up: k is evicted from memory but stays readable from disk.
+    clock.advance(Duration::from_millis(1));
+    put(&master, "x", 1000).expect("put x");
+    clock.advance(Duration::from_millis(1));
+    put(&master, "y", 1000).expect("put y evicts k");
+    let (replicas, _) = master.get_replica_list("k").expect("on disk");
+    assert_eq!(
+        replicas[0].location,
+        crate::types::ReplicaLocation::Disk {
+            segment_name: "a".into(),
+            endpoint: "a:1".into()
+        }
+    );
+    assert_eq!(master.exist("k"), Ok(true));
+    assert_eq!(master.object_size("k"), Ok(1000));
+    assert_eq!(
+        master
+            .put_start("k", 10, &ReplicateConfig::default())
+            .map(|_| ()),
+        Err(ErrorCode::OBJECT_ALREADY_EXISTS)
+    );
+    // Removal deletes the disk copy and tells the owner to delete the file.
+    let _ = master.offload_fetch(1, 16);
+    assert_eq!(master.remove("k", false), Ok(()));
+    assert_eq!(master.exist("k"), Ok(false));
+    assert_eq!(
+        master.offload_fetch(1, 16).expect("work").delete,
+        vec!["k".to_string()]
+    );
+    // A stale report (the object was replaced by another size) is refused.
+    master
+        .offload_done(1, &[("y".to_string(), 5)])
+        .expect("report");
+    assert_eq!(master.stats().objects_on_disk, 0);
+    // Disk eviction and the owner's death forget disk copies.
+    master
+        .offload_done(1, &[("y".to_string(), 1000)])
+        .expect("report");
+    master.disk_evicted(1, &["y".to_string()]);
+    assert_eq!(master.stats().objects_on_disk, 0);
+    master
+        .offload_done(1, &[("z".to_string(), 7)])
+        .expect("disk-only object");
+    assert_eq!(master.object_size("z"), Ok(7));
+    assert_eq!(
+        master.remove_all(false),
+        3,
+        "x and y in memory, z only on disk"
+    );
+    master
+        .offload_done(1, &[("w".to_string(), 7)])
+        .expect("disk-only object");
+    master.remove_client(1);
+    assert_eq!(master.exist("w"), Ok(false));
+}

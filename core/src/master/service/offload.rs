@@ -1,0 +1,232 @@
+//! The SSD tier on the master's side: which objects have a copy on which real client's
+//! disk, and the work queued for each real client (objects to write, files to delete).
+//!
+//! A real client with the tier enabled registers with
+//! [`enable_offload`](MasterService::enable_offload). Each completed write whose first
+//! replica lies in its segment is queued for it; the real client fetches the queue
+//! ([`offload_fetch`](MasterService::offload_fetch)), reads the objects from its own
+//! segment under a read lease, writes them to disk and reports them
+//! ([`offload_done`](MasterService::offload_done)). From then on the object survives
+//! memory eviction: once no memory replica is left, readers get a
+//! [`ReplicaLocation::Disk`] descriptor pointing at the owner. Disk copies leave the index
+//! before their files are deleted ([`disk_evicted`](MasterService::disk_evicted));
+//! removal queues the deletion of the file on the owner.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::error::{CodeResult, ErrorCode};
+use crate::types::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus};
+
+use super::MasterService;
+
+/// Where an object's disk copy is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DiskCopy {
+    /// The real client holding it.
+    pub owner: u128,
+    /// Object size.
+    pub size: u64,
+}
+
+/// Work for one real client's SSD tier.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OffloadWork {
+    /// Objects to write to disk: key and size.
+    pub store: Vec<(String, u64)>,
+    /// Keys whose files to delete (removed or replaced objects).
+    pub delete: Vec<String>,
+}
+
+/// One real client's queue: work not fetched yet, and objects fetched but not reported.
+#[derive(Debug, Default)]
+pub(super) struct ClientQueue {
+    work: OffloadWork,
+    in_flight: HashSet<String>,
+}
+
+/// The queues of every real client with the tier enabled.
+pub(super) type OffloadQueues = parking_lot::Mutex<HashMap<u128, ClientQueue>>;
+
+/// Disk copies, sharded like the object table.
+pub(super) type DiskShard = parking_lot::Mutex<HashMap<Box<str>, DiskCopy>>;
+
+impl MasterService {
+    fn disk_shard(&self, key: &str) -> &DiskShard {
+        &self.disk[self.shard_index(key)]
+    }
+
+    /// The disk copy of `key`, if any.
+    pub(super) fn disk_copy(&self, key: &str) -> Option<DiskCopy> {
+        self.disk_shard(key).lock().get(key).copied()
+    }
+
+    /// Registers real client `client`'s SSD tier; `UNABLE_OFFLOAD` when this master
+    /// runs without `--enable_offload`.
+    pub fn enable_offload(&self, client: u128) -> CodeResult<()> {
+        if !self.config.enable_offload {
+            return Err(ErrorCode::UNABLE_OFFLOAD);
+        }
+        self.offload.lock().entry(client).or_default();
+        Ok(())
+    }
+
+    /// Queues a completed write for the SSD tier of the owner of its first replica;
+    /// the object stays in memory (not evicted) until the owner reports it.
+    pub(super) fn queue_offload(&self, key: &str, size: u64, owner: u128) {
+        let mut shard = self.shard(key).lock();
+        let Some(entry) = shard.get_mut(key) else {
+            return;
+        };
+        if entry.readable.as_ref().is_none_or(|v| v.size != size) {
+            return;
+        }
+        if let Some(queue) = self.offload.lock().get_mut(&owner) {
+            queue.work.store.push((key.to_string(), size));
+            entry.set_offload_pending(true);
+        }
+    }
+
+    /// Lets `key` leave memory again (its SSD tier write ended, or will not happen).
+    fn clear_offload_pending(&self, key: &str) {
+        if let Some(entry) = self.shard(key).lock().get_mut(key) {
+            entry.set_offload_pending(false);
+        }
+    }
+
+    /// Drops `key`'s disk copy (it was removed or replaced) and queues the deletion of
+    /// its file on the owner.
+    pub(super) fn drop_disk_copy(&self, key: &str) -> bool {
+        let Some(copy) = self.disk_shard(key).lock().remove(key) else {
+            return false;
+        };
+        if let Some(queue) = self.offload.lock().get_mut(&copy.owner) {
+            queue.work.delete.push(key.to_string());
+        }
+        true
+    }
+
+    /// Takes the queued work of `client` (at most `max` objects to write);
+    /// `SEGMENT_NOT_FOUND` when the client is not registered (this master restarted:
+    /// register again and report the objects on disk).
+    pub fn offload_fetch(&self, client: u128, max: usize) -> CodeResult<OffloadWork> {
+        let mut queues = self.offload.lock();
+        let queue = queues
+            .get_mut(&client)
+            .ok_or(ErrorCode::SEGMENT_NOT_FOUND)?;
+        let take = queue.work.store.len().min(max);
+        let store: Vec<(String, u64)> = queue.work.store.drain(..take).collect();
+        queue.in_flight.extend(store.iter().map(|(k, _)| k.clone()));
+        Ok(OffloadWork {
+            store,
+            delete: std::mem::take(&mut queue.work.delete),
+        })
+    }
+
+    /// Records objects real client `client` has on disk (after writing them, or all of
+    /// them after a restart of either side); a size of 0 reports an object fetched but
+    /// not written. A report for an object that now has a different size (replaced
+    /// meanwhile) is refused and its file queued for deletion.
+    pub fn offload_done(&self, client: u128, objects: &[(String, u64)]) -> CodeResult<()> {
+        {
+            let mut queues = self.offload.lock();
+            let queue = queues
+                .get_mut(&client)
+                .ok_or(ErrorCode::SEGMENT_NOT_FOUND)?;
+            for (key, _) in objects {
+                queue.in_flight.remove(key);
+            }
+        }
+        for (key, size) in objects {
+            if self.check_key(key).is_err() {
+                continue;
+            }
+            let current = self.object_size_in_memory(key);
+            if current.is_none_or(|s| s == *size || *size == 0) {
+                self.clear_offload_pending(key);
+            }
+            if *size == 0 {
+                continue;
+            }
+            if current.is_some_and(|s| s != *size) {
+                if let Some(queue) = self.offload.lock().get_mut(&client) {
+                    queue.work.delete.push(key.clone());
+                }
+                continue;
+            }
+            self.disk_shard(key).lock().insert(
+                key.as_str().into(),
+                DiskCopy {
+                    owner: client,
+                    size: *size,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Forgets disk copies `client` is about to delete (its disk eviction).
+    pub fn disk_evicted(&self, client: u128, keys: &[String]) {
+        for key in keys {
+            let mut shard = self.disk_shard(key).lock();
+            if shard.get(key.as_str()).is_some_and(|c| c.owner == client) {
+                shard.remove(key.as_str());
+            }
+        }
+    }
+
+    /// Forgets the SSD tier of a real client that went away (its disk copies come back
+    /// when it registers again).
+    pub(super) fn forget_disk_of(&self, client: u128) {
+        let Some(queue) = self.offload.lock().remove(&client) else {
+            return;
+        };
+        // Its pending writes will not happen: those objects may leave memory again.
+        for key in queue.in_flight {
+            self.clear_offload_pending(&key);
+        }
+        for (key, _) in queue.work.store {
+            self.clear_offload_pending(&key);
+        }
+        for shard in self.disk.iter() {
+            shard.lock().retain(|_, copy| copy.owner != client);
+        }
+    }
+
+    /// A descriptor of `key`'s disk copy, when its owner is mounted.
+    pub(super) fn disk_descriptor(&self, key: &str) -> Option<ReplicaDescriptor> {
+        let copy = self.disk_copy(key)?;
+        let segment = self
+            .segments
+            .owned_by(copy.owner)
+            .first()
+            .and_then(|id| self.segments.get(*id))?;
+        Some(ReplicaDescriptor {
+            location: ReplicaLocation::Disk {
+                segment_name: segment.name.clone(),
+                endpoint: segment.endpoint.clone(),
+            },
+            size: copy.size,
+            status: ReplicaStatus::Complete,
+        })
+    }
+
+    /// Keys with a disk copy that `matches` accepts.
+    pub(super) fn disk_keys_matching(&self, matches: &dyn Fn(&str) -> bool) -> Vec<String> {
+        let mut keys = Vec::new();
+        for shard in self.disk.iter() {
+            keys.extend(
+                shard
+                    .lock()
+                    .keys()
+                    .filter(|k| matches(k))
+                    .map(|k| k.to_string()),
+            );
+        }
+        keys
+    }
+
+    /// Objects with a disk copy.
+    pub(super) fn disk_objects(&self) -> u64 {
+        self.disk.iter().map(|s| s.lock().len() as u64).sum()
+    }
+}

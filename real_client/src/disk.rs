@@ -1,0 +1,275 @@
+//! This node's SSD tier: the bucket store in the offload directory, the loop that writes
+//! the objects the master queues, and disk reads for local and remote readers.
+//!
+//! Keys here are the master's (tenant-scoped) keys. The store's index lives behind a
+//! mutex held only for lookups and index changes; file reads and writes happen outside
+//! it (a read opens the bucket file first, so a concurrent eviction cannot change the
+//! bytes it gets).
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_offload::bucket::{BucketStore, RecoveryReport, StoreError};
+use mooncake_offload::config::{OffloadConfig, validate_path};
+
+use crate::master_link::MasterLink;
+use crate::server::ServerState;
+use crate::store::Store;
+
+/// The SSD tier of one real client.
+#[derive(Debug)]
+pub struct DiskTier {
+    store: Mutex<BucketStore>,
+    config: OffloadConfig,
+}
+
+/// Why the tier could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// A setting or the storage path is unusable.
+    #[error(transparent)]
+    Config(#[from] mooncake_offload::config::ConfigError),
+    /// The store could not be opened.
+    #[error("cannot open the SSD tier: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// The disk quota: `MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE`, or 90% of the filesystem,
+/// and never more than `MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES`.
+fn quota(config: &OffloadConfig) -> u64 {
+    let configured = if config.bucket_max_total_size > 0 {
+        config.bucket_max_total_size
+    } else {
+        nix::sys::statvfs::statvfs(&config.path).map_or(u64::MAX, |fs| {
+            let total = fs.blocks().saturating_mul(fs.fragment_size());
+            total / 10 * 9
+        })
+    };
+    configured.min(config.total_size_limit)
+}
+
+fn code(error: &StoreError) -> ErrorCode {
+    match error {
+        StoreError::NotFound | StoreError::Corrupt(_) => ErrorCode::OBJECT_NOT_FOUND,
+        StoreError::BufferTooSmall { .. } => ErrorCode::BUFFER_OVERFLOW,
+        StoreError::AlreadyExists(_) => ErrorCode::OBJECT_ALREADY_EXISTS,
+        StoreError::Invalid(_) => ErrorCode::INVALID_PARAMS,
+        StoreError::QuotaExceeded { .. } | StoreError::Io { .. } => ErrorCode::FILE_WRITE_FAIL,
+    }
+}
+
+impl DiskTier {
+    /// Opens the tier in `config.path` (checked first) and recovers its index.
+    pub fn open(config: OffloadConfig) -> Result<(Self, RecoveryReport), DiskError> {
+        validate_path(&config.path)?;
+        let quota = quota(&config);
+        let (store, report) = BucketStore::open(&config.path, quota, config.eviction_policy)?;
+        tracing::info!(
+            path = %config.path.display(),
+            quota,
+            objects = report.objects,
+            buckets = report.buckets,
+            corrupt_records = report.corrupt_records,
+            dropped_buckets = report.dropped_buckets,
+            "SSD tier ready"
+        );
+        Ok((
+            DiskTier {
+                store: Mutex::new(store),
+                config,
+            },
+            report,
+        ))
+    }
+
+    /// The tier's settings.
+    pub fn config(&self) -> &OffloadConfig {
+        &self.config
+    }
+
+    /// Every object on disk with its size.
+    pub fn objects(&self) -> Vec<(String, u64)> {
+        self.store
+            .lock()
+            .objects()
+            .map(|(k, s)| (k.to_string(), s))
+            .collect()
+    }
+
+    /// Reads `key`'s value; a corrupt record is dropped and reported as not found.
+    pub fn read(&self, key: &str) -> CodeResult<Vec<u8>> {
+        let plan = self.store.lock().locate(key).map_err(|e| code(&e))?;
+        let mut value =
+            vec![0u8; usize::try_from(plan.len()).map_err(|_| ErrorCode::INVALID_PARAMS)?];
+        match plan.read_into(&mut value) {
+            Ok(_) => Ok(value),
+            Err(error) => {
+                if matches!(error, StoreError::Corrupt(_)) {
+                    tracing::warn!(key, %error, "dropping a corrupt object from the SSD tier");
+                    self.store.lock().remove(key);
+                }
+                Err(code(&error))
+            }
+        }
+    }
+
+    /// Deletes `key`'s copy.
+    pub fn remove(&self, key: &str) {
+        self.store.lock().remove(key);
+    }
+
+    /// Writes `objects` as one bucket: makes room (telling the master which disk copies
+    /// go before deleting them), writes, and reports the new copies to the master.
+    async fn write_bucket(
+        &self,
+        master: &MasterLink,
+        client: u128,
+        objects: &[(String, Vec<u8>)],
+    ) -> CodeResult<()> {
+        let refs: Vec<(&str, &[u8])> = objects
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        let eviction = self
+            .store
+            .lock()
+            .make_room(BucketStore::bytes_needed(&refs))
+            .map_err(|e| code(&e))?;
+        if !eviction.keys.is_empty() {
+            master.disk_evicted(client, eviction.keys.clone()).await?;
+        }
+        tokio::task::block_in_place(|| self.finish_and_write(eviction, &refs))?;
+        let written = objects
+            .iter()
+            .map(|(k, v)| (k.clone(), v.len() as u64))
+            .collect();
+        master.offload_done(client, written).await
+    }
+}
+
+impl DiskTier {
+    fn finish_and_write(
+        &self,
+        eviction: mooncake_offload::bucket::Eviction,
+        objects: &[(&str, &[u8])],
+    ) -> CodeResult<()> {
+        let mut store = self.store.lock();
+        store.finish_eviction(eviction);
+        store
+            .write_bucket(objects)
+            .map(|_| ())
+            .map_err(|e| code(&e))
+    }
+}
+
+/// Registers the tier with the master and reports every object on disk, in batches.
+pub async fn register(disk: &DiskTier, master: &MasterLink, client: u128) -> CodeResult<()> {
+    master.enable_offload(client).await?;
+    let objects = disk.objects();
+    let batch = usize::try_from(disk.config.scan_keys_limit)
+        .unwrap_or(usize::MAX)
+        .max(1);
+    for (done, chunk) in objects.chunks(batch).enumerate() {
+        master.offload_done(client, chunk.to_vec()).await?;
+        tracing::info!(
+            reported = done * batch + chunk.len(),
+            total = objects.len(),
+            "re-registering objects on disk"
+        );
+    }
+    Ok(())
+}
+
+/// Writes what the master queues for this node, every heartbeat interval, until
+/// `shutdown`. Objects are read from this node's segment under a read lease, grouped
+/// into buckets by the bucket limits; a partial bucket is written at the end of each
+/// round (never held back).
+pub async fn offload_loop(
+    disk: Arc<DiskTier>,
+    state: Arc<ServerState>,
+    client: u128,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let interval = disk.config.heartbeat_interval;
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let store = &state.store;
+    let master = store.master().unscoped();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = mooncake_core::process::stop_requested(&mut shutdown) => return,
+        }
+        if let Err(code) = offload_round(&disk, store, &master, client).await {
+            tracing::warn!(%code, "SSD tier round failed; retrying");
+        }
+    }
+}
+
+async fn offload_round(
+    disk: &DiskTier,
+    store: &Store,
+    master: &MasterLink,
+    client: u128,
+) -> CodeResult<()> {
+    let max = u32::try_from(disk.config.bucket_keys_limit).unwrap_or(u32::MAX);
+    let work = match master.offload_fetch(client, max.saturating_mul(4)).await {
+        Err(ErrorCode::SEGMENT_NOT_FOUND) => {
+            // The master restarted (or forgot us): register again with everything on disk.
+            return register(disk, master, client).await;
+        }
+        other => other?,
+    };
+    for key in &work.delete {
+        disk.remove(key);
+    }
+    let mut bucket: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut bucket_bytes = 0u64;
+    let mut not_written = Vec::new();
+    for (key, _) in work.store {
+        // The master's version replaces any older copy here.
+        disk.remove(&key);
+        match store.get_bytes_with(master, &key).await {
+            Ok(value) => {
+                bucket_bytes += value.len() as u64;
+                bucket.push((key, value));
+            }
+            Err(code) => {
+                tracing::debug!(key, %code, "object gone before it reached the disk");
+                not_written.push((key, 0));
+            }
+        }
+        let full = bucket.len() as u64 >= disk.config.bucket_keys_limit
+            || bucket_bytes >= disk.config.bucket_size_limit;
+        if full {
+            let batch = std::mem::take(&mut bucket);
+            bucket_bytes = 0;
+            write_or_nack(disk, master, client, batch, &mut not_written).await;
+        }
+    }
+    if !bucket.is_empty() {
+        write_or_nack(disk, master, client, bucket, &mut not_written).await;
+    }
+    if !not_written.is_empty() {
+        // Lets the master evict them from memory again.
+        master.offload_done(client, not_written).await?;
+    }
+    Ok(())
+}
+
+/// Writes one bucket; on failure its objects are reported as not written.
+async fn write_or_nack(
+    disk: &DiskTier,
+    master: &MasterLink,
+    client: u128,
+    bucket: Vec<(String, Vec<u8>)>,
+    not_written: &mut Vec<(String, u64)>,
+) {
+    if let Err(code) = disk.write_bucket(master, client, &bucket).await {
+        tracing::warn!(%code, objects = bucket.len(), "cannot write a bucket to the SSD tier");
+        not_written.extend(bucket.into_iter().map(|(key, _)| (key, 0)));
+    }
+}

@@ -1,0 +1,201 @@
+//! SSD tier tests: a real `mooncake_master --enable_offload`, real clients with
+//! `--enable_offload` writing to temporary directories, dummies reading through them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mooncake_dummy_client::{DummyClient, ErrorCode, ReplicaLocation, ReplicateConfig};
+use mooncake_integration_tests::{MasterProcess, RealClientProcess, eventually};
+
+/// A fresh directory, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "mooncake-offload-{name}-{}-{}",
+            std::process::id(),
+            mooncake_integration_tests::unique_port()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        TempDir(dir)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().expect("utf-8 path")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A node with the SSD tier in `dir` (one offload round per second).
+fn disk_node(master: &MasterProcess, segment: &str, dir: &TempDir) -> RealClientProcess {
+    RealClientProcess::join_with_env(
+        master,
+        segment,
+        &["--enable_offload=true"],
+        &[
+            ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", dir.path()),
+            ("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1"),
+        ],
+    )
+}
+
+fn dummy(node: &RealClientProcess) -> DummyClient {
+    DummyClient::setup_dummy(64 << 20, 8 << 20, Some(&node.address())).expect("setup_dummy")
+}
+
+fn value(i: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| (j.wrapping_mul(31) ^ i.wrapping_mul(7)).to_le_bytes()[0])
+        .collect()
+}
+
+fn on_disk(client: &DummyClient, key: &str) -> bool {
+    client.get_replica_desc(key).is_ok_and(|replicas| {
+        replicas
+            .iter()
+            .any(|r| matches!(r.location, ReplicaLocation::Disk { .. }))
+    })
+}
+
+fn only_on_disk(client: &DummyClient, key: &str) -> bool {
+    client.get_replica_desc(key).is_ok_and(|replicas| {
+        replicas
+            .iter()
+            .all(|r| matches!(r.location, ReplicaLocation::Disk { .. }))
+    })
+}
+
+/// Puts `count` objects of 1 MiB named `<prefix><i>` on `node` and waits until they
+/// are all on its disk.
+fn put_and_offload(client: &DummyClient, node: &RealClientProcess, prefix: &str, count: usize) {
+    let config = ReplicateConfig {
+        preferred_segment: node.segment_name(),
+        ..ReplicateConfig::default()
+    };
+    for i in 0..count {
+        client
+            .put(&format!("{prefix}{i}"), &value(i, 1 << 20), &config)
+            .expect("put");
+    }
+    let all = eventually(Duration::from_secs(10), || {
+        (0..count).all(|i| on_disk(client, &format!("{prefix}{i}")))
+    });
+    let missing: Vec<usize> = (0..count)
+        .filter(|i| !on_disk(client, &format!("{prefix}{i}")))
+        .collect();
+    assert!(all, "objects {prefix}{missing:?} did not reach the disk");
+}
+
+#[test]
+fn evicted_objects_are_read_from_disk_through_any_node_and_survive_restarts() {
+    let dir = TempDir::new("evict");
+    // Reads for the disk grant leases like any read; keep them short so that offloaded
+    // objects can leave memory soon.
+    let mut master = MasterProcess::start(&["--enable_offload=true", "--default_kv_lease_ttl=200"]);
+    let mut a = disk_node(&master, "16MB", &dir);
+    let via_a = dummy(&a);
+    put_and_offload(&via_a, &a, "first-", 8);
+    // Twice the segment more, in waves the disk keeps up with: the first objects leave
+    // memory.
+    for wave in 0..6 {
+        put_and_offload(&via_a, &a, &format!("more{wave}-"), 4);
+    }
+    let evicted: Vec<usize> = (0..8)
+        .filter(|i| only_on_disk(&via_a, &format!("first-{i}")))
+        .collect();
+    assert!(!evicted.is_empty(), "nothing was evicted from memory");
+    // A second node (joining now: while A filled up, new objects had to stay on A).
+    let b = RealClientProcess::join(&master, "64MB", &[]);
+    let via_b = dummy(&b);
+    for i in 0..8 {
+        let key = format!("first-{i}");
+        assert!(
+            via_a.get(&key).expect("read via A") == value(i, 1 << 20),
+            "{key} via A"
+        );
+        assert!(
+            via_b.get(&key).expect("read via B") == value(i, 1 << 20),
+            "{key} via B"
+        );
+        // Zero-copy read into B's dummy pool.
+        let dest = via_b.alloc_from_mem_pool(1 << 20);
+        assert_eq!(via_b.get_into(&key, dest, 1 << 20), Ok(1 << 20));
+        // SAFETY: `dest` is a live pool block of 1 MiB owned by this test.
+        let got = unsafe { std::slice::from_raw_parts(dest as *const u8, 1 << 20) };
+        assert!(got == value(i, 1 << 20).as_slice());
+        via_b.free_to_mem_pool(dest).expect("free");
+    }
+
+    // kill -9 of the node: after its restart everything on its disk is readable again.
+    drop(via_a);
+    a.restart();
+    let via_a = dummy(&a);
+    let back = eventually(Duration::from_secs(10), || {
+        via_a.get("first-0").is_ok_and(|v| v == value(0, 1 << 20))
+    });
+    assert!(
+        back,
+        "objects on disk did not come back after a restart of the node"
+    );
+    for i in 0..4 {
+        assert!(via_b.get(&format!("more0-{i}")).expect("more") == value(i, 1 << 20));
+    }
+
+    // A master restart loses memory, not the disk: the node registers its disk again.
+    master.restart();
+    let back = eventually(Duration::from_secs(15), || {
+        via_b.get("first-3").is_ok_and(|v| v == value(3, 1 << 20))
+    });
+    assert!(
+        back,
+        "objects on disk did not come back after a restart of the master"
+    );
+    // Removal deletes disk copies too.
+    assert_eq!(via_b.remove("first-3", true), Ok(()));
+    assert_eq!(
+        via_b.get("first-3").map(|_| ()),
+        Err(ErrorCode::OBJECT_NOT_FOUND)
+    );
+}
+
+#[test]
+fn a_damaged_bucket_loses_only_its_damaged_objects() {
+    let dir = TempDir::new("damage");
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let mut node = disk_node(&master, "64MB", &dir);
+    let client = dummy(&node);
+    put_and_offload(&client, &node, "k", 4);
+    drop(client);
+    node.kill9();
+    // Flip one byte in the value of some object of every bucket file.
+    for entry in std::fs::read_dir(&dir.0).expect("list") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "bucket") {
+            let mut bytes = std::fs::read(&path).expect("read");
+            let at = bytes.len() - 100;
+            bytes[at] ^= 0xFF;
+            std::fs::write(&path, bytes).expect("write");
+        }
+    }
+    node.restart();
+    let client = dummy(&node);
+    let mut damaged = 0;
+    for i in 0..4 {
+        match client.get(&format!("k{i}")) {
+            Ok(bytes) => assert!(bytes == value(i, 1 << 20), "k{i}: wrong bytes"),
+            Err(code) => {
+                assert_eq!(code, ErrorCode::OBJECT_NOT_FOUND, "k{i}");
+                damaged += 1;
+            }
+        }
+    }
+    assert!(damaged >= 1, "the damaged object was served");
+    assert!(damaged < 4, "intact objects were lost");
+}
