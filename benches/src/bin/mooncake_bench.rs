@@ -10,10 +10,12 @@
 //! With `--sections cluster` it also starts a `mooncake_master` and two more
 //! `mooncake_client`s and measures node-to-node `put_from`/`get_into` over the TCP
 //! transfer engine next to raw loopback TCP; `--sections master` measures the master's
-//! put-start+put-end pairs per second on 1 k and 1 M keys and its memory per key.
+//! put-start+put-end pairs per second on 1 k and 1 M keys and its memory per key;
+//! `--sections offload` measures the SSD tier's bucket store next to the raw disk
+//! (in `MOONCAKE_BENCH_DIR`, default the temporary directory).
 //!
 //! Usage: `mooncake_bench [--client ADDR] [--repeats N] [--segment SIZE]
-//! [--sections dummy,cluster,master]`
+//! [--sections dummy,cluster,master,offload]`
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,6 +26,8 @@ use mooncake_dummy_client::{DummyClient, ReplicateConfig};
 mod cluster;
 #[path = "../master.rs"]
 mod master;
+#[path = "../offload.rs"]
+mod offload;
 
 struct Options {
     client: Option<String>,
@@ -308,6 +312,9 @@ fn main() {
         }
         if options.sections.iter().any(|s| s == "master") {
             master::run();
+        }
+        if options.sections.iter().any(|s| s == "offload") {
+            offload::run(options.repeats);
         }
         Ok(())
     });

@@ -1,0 +1,174 @@
+//! The SSD tier's bucket store next to the raw disk of this machine, in one run:
+//! sequential write (with `fdatasync`) and read of a plain file, random 64 KiB reads,
+//! and the store writing and reading back 64 KiB and 1 MiB objects. Page-cache copies
+//! are dropped (`posix_fadvise(DONTNEED)`) before every read pass, so reads come from
+//! the device.
+
+use std::fs::File;
+use std::io::Write as _;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use mooncake_offload::bucket::BucketStore;
+use mooncake_offload::config::EvictionPolicy;
+
+/// Bytes moved per measurement.
+const TOTAL: usize = 512 << 20;
+
+fn drop_cache(path: &Path) {
+    if let Ok(file) = File::open(path) {
+        let _ = file.sync_all();
+        let _ = nix::fcntl::posix_fadvise(
+            &file,
+            0,
+            0,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        );
+    }
+}
+
+fn drop_dir_cache(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            drop_cache(&entry.path());
+        }
+    }
+}
+
+fn gbps(bytes: usize, seconds: f64) -> f64 {
+    #[expect(clippy::cast_precision_loss, reason = "display")]
+    let bytes = bytes as f64;
+    bytes / seconds / 1e9
+}
+
+fn pattern(len: usize, seed: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(131) ^ seed).to_le_bytes()[0])
+        .collect()
+}
+
+/// Sequential write, sequential read and random 64 KiB reads of one plain file.
+fn raw_disk(dir: &Path) -> (f64, f64, f64) {
+    let path = dir.join("raw.bin");
+    let block = pattern(1 << 20, 1);
+    let started = Instant::now();
+    let mut file = File::create(&path).expect("create raw file");
+    for _ in 0..TOTAL >> 20 {
+        file.write_all(&block).expect("write");
+    }
+    file.sync_data().expect("sync");
+    let write = gbps(TOTAL, started.elapsed().as_secs_f64());
+    drop(file);
+    drop_cache(&path);
+    let file = File::open(&path).expect("open");
+    let mut buffer = vec![0u8; 1 << 20];
+    let started = Instant::now();
+    for i in 0..(TOTAL >> 20) as u64 {
+        file.read_exact_at(&mut buffer, i << 20).expect("read");
+    }
+    let read = gbps(TOTAL, started.elapsed().as_secs_f64());
+    drop_cache(&path);
+    let mut small = vec![0u8; 64 << 10];
+    let reads = 2048usize;
+    let mut offset = 0x9e37_79b9u64;
+    let started = Instant::now();
+    for _ in 0..reads {
+        offset = offset
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1);
+        let at = (offset >> 20) % (TOTAL as u64 / (64 << 10)) * (64 << 10);
+        file.read_exact_at(&mut small, at).expect("read");
+    }
+    let random = gbps(reads * (64 << 10), started.elapsed().as_secs_f64());
+    let _ = std::fs::remove_file(&path);
+    (write, read, random)
+}
+
+/// Writes `TOTAL` bytes of `size`-byte objects through a bucket store, then reads them
+/// all back (cold), checking every value: (write GB/s, read GB/s).
+fn store(dir: &Path, size: usize) -> (f64, f64) {
+    let store_dir = dir.join(format!("store-{size}"));
+    let _ = std::fs::remove_dir_all(&store_dir);
+    std::fs::create_dir_all(&store_dir).expect("mkdir");
+    let (mut store, _) =
+        BucketStore::open(&store_dir, u64::MAX, EvictionPolicy::Fifo).expect("open store");
+    let count = TOTAL / size;
+    let per_bucket = (256usize << 20) / size;
+    let per_bucket = per_bucket.clamp(1, 500);
+    let keys: Vec<String> = (0..count).map(|i| format!("bench-{size}-{i}")).collect();
+    let values: Vec<Vec<u8>> = (0..per_bucket).map(|i| pattern(size, i)).collect();
+    let started = Instant::now();
+    for chunk in keys.chunks(per_bucket) {
+        let objects: Vec<(&str, &[u8])> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.as_str(), values[i].as_slice()))
+            .collect();
+        store.write_bucket(&objects).expect("write bucket");
+    }
+    let write = gbps(count * size, started.elapsed().as_secs_f64());
+    drop_dir_cache(&store_dir);
+    let mut dest = vec![0u8; size];
+    let started = Instant::now();
+    for (i, key) in keys.iter().enumerate() {
+        store.read_into(key, &mut dest).expect("read back");
+        assert!(dest == values[i % per_bucket], "{key}: wrong bytes");
+    }
+    let read = gbps(count * size, started.elapsed().as_secs_f64());
+    let _ = std::fs::remove_dir_all(&store_dir);
+    (write, read)
+}
+
+/// Where to measure: `MOONCAKE_BENCH_DIR`, else the system's temporary directory.
+fn bench_dir() -> PathBuf {
+    let base =
+        std::env::var_os("MOONCAKE_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    let dir = base.join(format!("mooncake-bench-offload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create the benchmark directory");
+    dir
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Runs the section `repeats` times and prints medians.
+pub fn run(repeats: usize) {
+    let dir = bench_dir();
+    let repeats = repeats.max(1);
+    let mut rows: Vec<(String, Vec<f64>)> = [
+        "raw file: sequential write 1 MiB + fdatasync",
+        "raw file: sequential read 1 MiB (cold)",
+        "raw file: random read 64 KiB (cold)",
+        "bucket store: write 64 KiB objects",
+        "bucket store: read 64 KiB objects (cold, checked)",
+        "bucket store: write 1 MiB objects",
+        "bucket store: read 1 MiB objects (cold, checked)",
+    ]
+    .into_iter()
+    .map(|name| (name.to_string(), Vec::new()))
+    .collect();
+    for _ in 0..repeats {
+        let (write, read, random) = raw_disk(&dir);
+        let (w64, r64) = store(&dir, 64 << 10);
+        let (w1m, r1m) = store(&dir, 1 << 20);
+        for (row, value) in rows
+            .iter_mut()
+            .zip([write, read, random, w64, r64, w1m, r1m])
+        {
+            row.1.push(value);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "\n## SSD tier ({} MiB per measurement, median of {repeats}, in {})\n\n| measurement | GB/s |\n|---|---|",
+        TOTAL >> 20,
+        dir.parent()
+            .map_or_else(String::new, |p| p.display().to_string())
+    );
+    for (name, values) in rows {
+        println!("| {name} | {:.2} |", median(values));
+    }
+}
