@@ -136,6 +136,13 @@ pub static FLAGS: &[FlagSpec] = &[
         help: "tenant whose key space this node serves (1-64 of A-Z a-z 0-9 _ - .); other tenants' keys are invisible",
     },
     FlagSpec {
+        name: "offload_path",
+        kind: FlagKind::Value,
+        env: None,
+        default: None,
+        help: "SSD tier directory; overrides MOONCAKE_OFFLOAD_FILE_STORAGE_PATH",
+    },
+    FlagSpec {
         name: "enable_offload",
         kind: FlagKind::Bool,
         env: Some("MOONCAKE_OFFLOAD_ENABLED"),
@@ -251,8 +258,11 @@ impl RealClientConfig {
             ));
         }
         let offload = if flags.bool("enable_offload")? {
-            let settings = mooncake_offload::config::OffloadConfig::from_env()
+            let mut settings = mooncake_offload::config::OffloadConfig::from_env()
                 .map_err(|error| invalid("enable_offload", error.to_string()))?;
+            if let Some(path) = flags.string("offload_path") {
+                settings.path = path.into();
+            }
             mooncake_offload::config::validate_path(&settings.path)
                 .map_err(|error| invalid("enable_offload", error.to_string()))?;
             Some(settings)

@@ -45,6 +45,8 @@ pub struct MasterLink {
     tenant: Tenant,
     /// Keys are the master's already (no scoping): the SSD tier's view.
     unscoped: bool,
+    /// Lease asked for by reads (`None`: the master's default).
+    read_lease: Option<Duration>,
 }
 
 fn ctx() -> context::Context {
@@ -140,13 +142,16 @@ impl MasterLink {
             kind,
             tenant,
             unscoped: false,
+            read_lease: None,
         }
     }
 
-    /// The same master, for keys that are the master's own (tenant-scoped already).
+    /// The same master, for keys that are the master's own (tenant-scoped already),
+    /// with reads leased for at most a second: the SSD tier's quick copies to disk.
     pub fn unscoped(&self) -> MasterLink {
         MasterLink {
             unscoped: true,
+            read_lease: Some(Duration::from_secs(1)),
             ..self.clone()
         }
     }
@@ -279,10 +284,13 @@ impl MasterLink {
     ) -> CodeResult<(Vec<ReplicaDescriptor>, Duration)> {
         let scoped = self.scope(key);
         let key = scoped.as_ref();
+        let lease = self.read_lease;
         match &self.kind {
-            MasterKind::Embedded(m) => m.get_replica_list(key),
+            MasterKind::Embedded(m) => m.get_replica_list_leased(key, lease),
             MasterKind::Remote(r) => {
-                let (replicas, ms) = remote!(r, |c| c.get_replica_list(ctx(), key.to_string()))??;
+                let lease_ms = lease.map(|l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX));
+                let (replicas, ms) =
+                    remote!(r, |c| c.get_replica_list(ctx(), key.to_string(), lease_ms))??;
                 Ok((replicas, Duration::from_millis(ms)))
             }
         }

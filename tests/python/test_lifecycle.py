@@ -17,6 +17,18 @@ RPC_FAIL = -900
 MB = 1 << 20
 
 
+def embedded_config(host="localhost", **extra):
+    """A setup() dict for an embedded store with a 16 MB segment."""
+    return {
+        "local_hostname": host,
+        "global_segment_size": 16 * MB,
+        "local_buffer_size": 4 * MB,
+        "protocol": "tcp",
+        "master_server_addr": "embedded",
+        **extra,
+    }
+
+
 def _every_call_fails_cleanly(store):
     """Every call on a store that is closed (or never set up) returns an error value."""
     assert store.health_check() == 1
@@ -275,14 +287,7 @@ def test_setup_dict_form(embedded):
 @pytest.mark.parametrize("value", ["false", "False", "0", "no", "off", False, 0, None])
 def test_setup_dict_ssd_offload_off(value):
     store = MooncakeDistributedStore()
-    config = {
-        "local_hostname": "offhost",
-        "global_segment_size": 16 * MB,
-        "local_buffer_size": 4 * MB,
-        "protocol": "tcp",
-        "master_server_addr": "embedded",
-        "enable_ssd_offload": value,
-    }
+    config = embedded_config("offhost", enable_ssd_offload=value)
     if value is None:
         del config["enable_ssd_offload"]
     assert store.setup(config) == OK
@@ -301,10 +306,12 @@ def test_setup_dict_ssd_offload_on_or_invalid():
         "protocol": "tcp",
         "master_server_addr": "embedded",
     }
-    # Offload asked for (as a string or a bool): this build has no SSD tier, so -1.
+    # Offload asked for (as a string or a bool) with a storage path that does not
+    # exist: a clear startup error, -1.
     for value in ("true", "True", "1", True):
         store = MooncakeDistributedStore()
-        assert store.setup({**config, "enable_ssd_offload": value}) == -1, value
+        missing = {"ssd_offload_path": "/nonexistent/mooncake-ssd"}
+        assert store.setup({**config, **missing, "enable_ssd_offload": value}) == -1, value
         assert store.health_check() == 1
     # A string that is not a boolean is a ValueError (before anything starts).
     store = MooncakeDistributedStore()
@@ -368,3 +375,32 @@ def test_status_lists_each_dummy(start_client, connect):
     entries = dummy_entries(first.status(), os.getpid())
     assert sorted(e["mapped_bytes"] for e in entries) == [6 * MB, 10 * MB]
     assert all(e["segments"] == 2 for e in entries)
+
+
+def test_embedded_ssd_tier_keeps_evicted_objects(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1")
+    store = MooncakeDistributedStore()
+    config = embedded_config(enable_ssd_offload=True, ssd_offload_path=str(tmp_path))
+    assert store.setup(config) == OK
+    try:
+        values = {}
+
+        def on_disk(key):
+            return any(r["type"] == "local_disk" for r in store.get_replica_desc(key))
+
+        # Waves the disk keeps up with, three segments' worth in all.
+        for wave in range(12):
+            keys = [f"ssd-{wave}-{i}" for i in range(4)]
+            for key in keys:
+                values[key] = os.urandom(1 << 20)
+                assert store.put(key, values[key]) == OK
+            assert wait_until(lambda: all(on_disk(k) for k in keys), timeout=10), keys
+        evicted = [k for k in values if {r["type"] for r in store.get_replica_desc(k)} == {"local_disk"}]
+        assert evicted, "nothing left memory"
+        for key, value in values.items():
+            assert store.get(key) == value, key
+        assert any(tmp_path.glob("*.bucket"))
+        assert store.remove(evicted[0]) == OK
+        assert store.is_exist(evicted[0]) == 0
+    finally:
+        store.close()

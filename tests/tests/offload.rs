@@ -96,9 +96,7 @@ fn put_and_offload(client: &DummyClient, node: &RealClientProcess, prefix: &str,
 #[test]
 fn evicted_objects_are_read_from_disk_through_any_node_and_survive_restarts() {
     let dir = TempDir::new("evict");
-    // Reads for the disk grant leases like any read; keep them short so that offloaded
-    // objects can leave memory soon.
-    let mut master = MasterProcess::start(&["--enable_offload=true", "--default_kv_lease_ttl=200"]);
+    let mut master = MasterProcess::start(&["--enable_offload=true"]);
     let mut a = disk_node(&master, "16MB", &dir);
     let via_a = dummy(&a);
     put_and_offload(&via_a, &a, "first-", 8);

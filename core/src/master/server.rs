@@ -164,12 +164,17 @@ impl MasterRpc for MasterHandler {
         self,
         _: Context,
         key: String,
+        lease_ms: Option<u64>,
     ) -> CodeResult<(Vec<ReplicaDescriptor>, u64)> {
         let started = Instant::now();
-        let result = self.master.get_replica_list(&key).map(|(replicas, lease)| {
-            let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
-            (replicas, lease_ms)
-        });
+        let lease = lease_ms.map(Duration::from_millis);
+        let result = self
+            .master
+            .get_replica_list_leased(&key, lease)
+            .map(|(replicas, lease)| {
+                let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+                (replicas, lease_ms)
+            });
         self.counted(RpcOp::GetReplicaList, started, 0, result)
     }
 

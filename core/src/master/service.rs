@@ -455,8 +455,21 @@ impl MasterService {
     /// Where a readable object's replicas are; grants a read lease. Returns the replicas
     /// and the lease length.
     pub fn get_replica_list(&self, key: &str) -> CodeResult<(Vec<ReplicaDescriptor>, Duration)> {
+        self.get_replica_list_leased(key, None)
+    }
+
+    /// [`get_replica_list`](Self::get_replica_list) with a lease of `lease` (at most
+    /// `--default_kv_lease_ttl`; `None` for that): short internal reads, like the SSD
+    /// tier copying an object to disk, do not hold it for a whole lease.
+    pub fn get_replica_list_leased(
+        &self,
+        key: &str,
+        lease: Option<Duration>,
+    ) -> CodeResult<(Vec<ReplicaDescriptor>, Duration)> {
         self.check_key(key)?;
-        let ttl = self.config.default_kv_lease_ttl;
+        let ttl = lease.map_or(self.config.default_kv_lease_ttl, |l| {
+            l.min(self.config.default_kv_lease_ttl)
+        });
         let mut shard = self.shard(key).lock();
         match shard.get_mut(key) {
             Some(entry) if entry.is_readable() => {

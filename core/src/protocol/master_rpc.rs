@@ -49,7 +49,11 @@ pub trait MasterRpc {
     /// Abandons a write.
     async fn put_revoke(key: String, write_id: u64) -> CodeResult<()>;
     /// Replicas of a readable object and the lease length in ms; grants a lease.
-    async fn get_replica_list(key: String) -> CodeResult<(Vec<ReplicaDescriptor>, u64)>;
+    /// `lease_ms` asks for a shorter lease than the default (`None`: the default).
+    async fn get_replica_list(
+        key: String,
+        lease_ms: Option<u64>,
+    ) -> CodeResult<(Vec<ReplicaDescriptor>, u64)>;
     /// Existence per key (grants leases).
     async fn exist(keys: Vec<String>) -> Vec<CodeResult<bool>>;
     /// Size of an object.

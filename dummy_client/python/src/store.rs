@@ -194,7 +194,7 @@ impl PyStore {
         client_http_port: u16,
     ) -> PyResult<i64> {
         init_logging();
-        let _ = (engine, ssd_offload_path);
+        let _ = engine;
         let settings = if let Ok(dict) = local_hostname.cast::<PyDict>() {
             let get = |key: &str| dict.get_item(key).ok().flatten();
             let http = match get("enable_client_http_server") {
@@ -226,6 +226,7 @@ impl PyStore {
                         .as_ref(),
                 )?,
                 tenant: string_arg(get("tenant_id").as_ref())?,
+                offload_path: string_arg(get("ssd_offload_path").as_ref())?,
                 offload: match get("enable_ssd_offload") {
                     Some(v) if v.is_instance_of::<pyo3::types::PyString>() => {
                         let text: String = v.extract()?;
@@ -250,6 +251,7 @@ impl PyStore {
                 devices: string_arg(rdma_devices)?,
                 master: string_arg(master_server_addr)?,
                 tenant: string_arg(tenant_id)?,
+                offload_path: string_arg(ssd_offload_path)?,
                 offload: enable_ssd_offload,
             }
         };
@@ -863,6 +865,7 @@ struct EmbeddedSettings {
     master: Option<String>,
     tenant: Option<String>,
     offload: bool,
+    offload_path: Option<String>,
 }
 
 impl EmbeddedSettings {
@@ -894,6 +897,9 @@ impl EmbeddedSettings {
         }
         if let Some(tenant) = &self.tenant {
             args.push(format!("--tenant_id={tenant}"));
+        }
+        if let Some(path) = self.offload_path.as_deref().filter(|p| !p.is_empty()) {
+            args.push(format!("--offload_path={path}"));
         }
         let mut config = RealClientConfig::from_args(args).map_err(|e| e.to_string())?;
         config.socket = None;
