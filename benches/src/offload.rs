@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use mooncake_offload::bucket::BucketStore;
 use mooncake_offload::config::EvictionPolicy;
+use mooncake_offload::io::IoEngine;
 
 /// Bytes moved per measurement.
 const TOTAL: usize = 512 << 20;
@@ -87,12 +88,13 @@ fn raw_disk(dir: &Path) -> (f64, f64, f64) {
 
 /// Writes `TOTAL` bytes of `size`-byte objects through a bucket store, then reads them
 /// all back (cold), checking every value: (write GB/s, read GB/s).
-fn store(dir: &Path, size: usize) -> (f64, f64) {
+fn store(dir: &Path, size: usize, uring: bool) -> (f64, f64) {
     let store_dir = dir.join(format!("store-{size}"));
     let _ = std::fs::remove_dir_all(&store_dir);
     std::fs::create_dir_all(&store_dir).expect("mkdir");
+    let io = std::sync::Arc::new(IoEngine::new(uring));
     let (mut store, _) =
-        BucketStore::open(&store_dir, u64::MAX, EvictionPolicy::Fifo).expect("open store");
+        BucketStore::open_with(&store_dir, u64::MAX, EvictionPolicy::Fifo, io).expect("open store");
     let count = TOTAL / size;
     let per_bucket = (256usize << 20) / size;
     let per_bucket = per_bucket.clamp(1, 500);
@@ -146,18 +148,19 @@ pub fn run(repeats: usize) {
         "bucket store: read 64 KiB objects (cold, checked)",
         "bucket store: write 1 MiB objects",
         "bucket store: read 1 MiB objects (cold, checked)",
+        "bucket store, io_uring: write 1 MiB objects",
+        "bucket store, io_uring: read 1 MiB objects (cold, checked)",
     ]
     .into_iter()
     .map(|name| (name.to_string(), Vec::new()))
     .collect();
     for _ in 0..repeats {
         let (write, read, random) = raw_disk(&dir);
-        let (w64, r64) = store(&dir, 64 << 10);
-        let (w1m, r1m) = store(&dir, 1 << 20);
-        for (row, value) in rows
-            .iter_mut()
-            .zip([write, read, random, w64, r64, w1m, r1m])
-        {
+        let (w64, r64) = store(&dir, 64 << 10, false);
+        let (w1m, r1m) = store(&dir, 1 << 20, false);
+        let (uw1m, ur1m) = store(&dir, 1 << 20, true);
+        let values = [write, read, random, w64, r64, w1m, r1m, uw1m, ur1m];
+        for (row, value) in rows.iter_mut().zip(values) {
             row.1.push(value);
         }
     }

@@ -30,12 +30,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::Write as _;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use crate::checksum::crc32c;
 use crate::config::EvictionPolicy;
+use crate::io::IoEngine;
 use crate::record::{self, HEADER_LEN, Header, MAX_KEY_LEN};
 
 /// Why a store operation failed.
@@ -147,6 +149,7 @@ pub struct Eviction {
 pub struct ReadPlan {
     path: PathBuf,
     location: Location,
+    io: Arc<IoEngine>,
 }
 
 impl ReadPlan {
@@ -172,11 +175,13 @@ impl ReadPlan {
         }
         let file = File::open(&self.path).map_err(|_| StoreError::NotFound)?;
         let mut head = vec![0u8; HEADER_LEN + location.key_len as usize];
-        file.read_exact_at(&mut head, location.offset)
+        self.io
+            .read_exact_at(&file, &mut head, location.offset)
             .map_err(|_| StoreError::Corrupt(record::RecordError::Truncated))?;
         let header = Header::parse(&head).map_err(StoreError::Corrupt)?;
         let value = &mut dest[..usize::try_from(need).unwrap_or(usize::MAX)];
-        file.read_exact_at(value, location.offset + head.len() as u64)
+        self.io
+            .read_exact_at(&file, value, location.offset + head.len() as u64)
             .map_err(|_| StoreError::Corrupt(record::RecordError::Truncated))?;
         header
             .verify(&head[HEADER_LEN..], value)
@@ -196,6 +201,7 @@ pub struct BucketStore {
     next_id: u64,
     used: u64,
     reads: u64,
+    io: Arc<IoEngine>,
 }
 
 const META_MAGIC: [u8; 4] = *b"MCBM";
@@ -209,6 +215,16 @@ impl BucketStore {
         quota: u64,
         policy: EvictionPolicy,
     ) -> Result<(Self, RecoveryReport), StoreError> {
+        Self::open_with(dir, quota, policy, Arc::new(IoEngine::Posix))
+    }
+
+    /// [`open`](Self::open) with the I/O engine `io`.
+    pub fn open_with(
+        dir: &Path,
+        quota: u64,
+        policy: EvictionPolicy,
+        io: Arc<IoEngine>,
+    ) -> Result<(Self, RecoveryReport), StoreError> {
         let mut store = BucketStore {
             dir: dir.to_path_buf(),
             quota,
@@ -218,6 +234,7 @@ impl BucketStore {
             next_id: initial_id(),
             used: 0,
             reads: 0,
+            io,
         };
         let report = store.recover()?;
         Ok((store, report))
@@ -341,9 +358,9 @@ impl BucketStore {
         let (data, locations) = build_data(id, objects);
         let meta = build_meta(objects, &locations, data.len() as u64);
         let data_path = self.data_path(id);
-        let written = write_synced(&data_path, &data).and_then(|()| {
+        let written = write_synced(&self.io, &data_path, &data).and_then(|()| {
             let tmp = self.dir.join(format!("{id}.meta.tmp"));
-            write_synced(&tmp, &meta)?;
+            write_synced(&self.io, &tmp, &meta)?;
             std::fs::rename(&tmp, self.meta_path(id)).map_err(io_error("rename", &tmp))?;
             sync_dir(&self.dir)
         });
@@ -402,6 +419,7 @@ impl BucketStore {
         Ok(ReadPlan {
             path: self.data_path(location.bucket),
             location,
+            io: Arc::clone(&self.io),
         })
     }
 
@@ -576,10 +594,11 @@ fn parse_meta(bytes: &[u8]) -> Option<Vec<MetaEntry>> {
     cursor.bytes.is_empty().then_some(entries)
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-    let mut file = File::create(path).map_err(io_error("create", path))?;
-    file.write_all(bytes).map_err(io_error("write", path))?;
-    file.sync_data().map_err(io_error("sync", path))
+fn write_synced(io: &IoEngine, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let file = File::create(path).map_err(io_error("create", path))?;
+    io.write_all_at(&file, bytes, 0)
+        .map_err(io_error("write", path))?;
+    io.sync_data(&file).map_err(io_error("sync", path))
 }
 
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {

@@ -1,15 +1,16 @@
 //! The SSD tier of mooncake-rs: configuration, the on-disk record format and the
 //! storage backends.
 //!
-//! Available so far: the settings (upstream's `MOONCAKE_OFFLOAD_*` variables and path
-//! rules, [`config`]), checksummed records ([`record`]) and the default backend,
-//! `bucket_storage_backend` ([`bucket`]), with recovery and FIFO/LRU disk eviction.
-//! The real client does not use them yet: `mooncake_client --enable_offload` is
-//! refused until the control plane (master queues, offload loop, disk read path) lands.
+//! The settings (upstream's `MOONCAKE_OFFLOAD_*` variables and path rules,
+//! [`config`]), checksummed records ([`record`]), the I/O engines (POSIX, io_uring with
+//! a fallback, [`io`]) and the default backend, `bucket_storage_backend` ([`bucket`]),
+//! with recovery and FIFO/LRU disk eviction. The real client drives them (its `disk`
+//! module).
 
 pub mod bucket;
 pub mod checksum;
 pub mod config;
+pub mod io;
 pub mod record;
 
 /// The storage backends the SSD tier offers, by their configuration names.

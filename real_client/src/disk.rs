@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_offload::bucket::{BucketStore, RecoveryReport, StoreError};
 use mooncake_offload::config::{OffloadConfig, validate_path};
+use mooncake_offload::io::IoEngine;
 
 use crate::master_link::MasterLink;
 use crate::server::ServerState;
@@ -66,7 +67,9 @@ impl DiskTier {
     pub fn open(config: OffloadConfig) -> Result<(Self, RecoveryReport), DiskError> {
         validate_path(&config.path)?;
         let quota = quota(&config);
-        let (store, report) = BucketStore::open(&config.path, quota, config.eviction_policy)?;
+        let io = Arc::new(IoEngine::new(config.use_uring));
+        let (store, report) =
+            BucketStore::open_with(&config.path, quota, config.eviction_policy, io)?;
         tracing::info!(
             path = %config.path.display(),
             quota,

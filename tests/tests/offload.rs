@@ -33,8 +33,13 @@ impl Drop for TempDir {
     }
 }
 
-/// A node with the SSD tier in `dir` (one offload round per second).
-fn disk_node(master: &MasterProcess, segment: &str, dir: &TempDir) -> RealClientProcess {
+/// A node with the SSD tier in `dir` (one offload round per second), io_uring or not.
+fn disk_node_with(
+    master: &MasterProcess,
+    segment: &str,
+    dir: &TempDir,
+    uring: bool,
+) -> RealClientProcess {
     RealClientProcess::join_with_env(
         master,
         segment,
@@ -42,8 +47,13 @@ fn disk_node(master: &MasterProcess, segment: &str, dir: &TempDir) -> RealClient
         &[
             ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", dir.path()),
             ("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1"),
+            ("MOONCAKE_OFFLOAD_USE_URING", if uring { "1" } else { "0" }),
         ],
     )
+}
+
+fn disk_node(master: &MasterProcess, segment: &str, dir: &TempDir) -> RealClientProcess {
+    disk_node_with(master, segment, dir, false)
 }
 
 fn dummy(node: &RealClientProcess) -> DummyClient {
@@ -167,7 +177,8 @@ fn evicted_objects_are_read_from_disk_through_any_node_and_survive_restarts() {
 fn a_damaged_bucket_loses_only_its_damaged_objects() {
     let dir = TempDir::new("damage");
     let master = MasterProcess::start(&["--enable_offload=true"]);
-    let mut node = disk_node(&master, "64MB", &dir);
+    // Through io_uring (where the kernel allows it; else the logged POSIX fallback).
+    let mut node = disk_node_with(&master, "64MB", &dir, true);
     let client = dummy(&node);
     put_and_offload(&client, &node, "k", 4);
     drop(client);
