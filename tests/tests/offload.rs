@@ -208,3 +208,45 @@ fn a_damaged_bucket_loses_only_its_damaged_objects() {
     assert!(damaged >= 1, "the damaged object was served");
     assert!(damaged < 4, "intact objects were lost");
 }
+
+fn dir_bytes(dir: &TempDir) -> u64 {
+    std::fs::read_dir(&dir.0)
+        .expect("list")
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+#[test]
+fn the_disk_quota_holds_and_fifo_evicts_the_oldest_bucket_first() {
+    let dir = TempDir::new("quota");
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let quota = 5 * (1u64 << 20) + (1 << 19);
+    let node = RealClientProcess::join_with_env(
+        &master,
+        "64MB",
+        &["--enable_offload=true"],
+        &[
+            ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", dir.path()),
+            ("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1"),
+            ("MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT", "2"),
+            ("MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE", &quota.to_string()),
+            ("MOONCAKE_OFFLOAD_BUCKET_EVICTION_POLICY", "fifo"),
+        ],
+    );
+    let client = dummy(&node);
+    for wave in 0..6 {
+        put_and_offload(&client, &node, &format!("w{wave}-"), 2);
+        assert!(
+            dir_bytes(&dir) <= quota,
+            "{} bytes on disk",
+            dir_bytes(&dir)
+        );
+    }
+    // Two 1 MiB objects per bucket, room for two buckets: the oldest waves left the disk
+    // (still readable from memory), the newest are there.
+    assert!(!on_disk(&client, "w0-0") && !on_disk(&client, "w0-1"));
+    assert!(!on_disk(&client, "w3-0"));
+    assert!(on_disk(&client, "w4-0") && on_disk(&client, "w5-1"));
+    assert!(client.get("w0-0").expect("in memory") == value(0, 1 << 20));
+}
