@@ -61,21 +61,17 @@ impl IoEngine {
         let IoEngine::Uring(ring) = self else {
             return file.read_exact_at(buf, offset);
         };
-        let mut done = 0usize;
-        while done < buf.len() {
-            let rest = &mut buf[done..];
-            let len = u32::try_from(rest.len()).unwrap_or(u32::MAX);
-            let entry = opcode::Read::new(types::Fd(file.as_raw_fd()), rest.as_mut_ptr(), len)
+        let fd = types::Fd(file.as_raw_fd());
+        let base = buf.as_mut_ptr();
+        repeat_until_done(buf.len(), std::io::ErrorKind::UnexpectedEof, |done, len| {
+            // SAFETY: `done < buf.len()`, so the pointer stays inside `buf`.
+            let at = unsafe { base.add(done) };
+            let entry = opcode::Read::new(fd, at, len)
                 .offset(offset + done as u64)
                 .build();
-            // SAFETY: `rest` and `file` outlive the operation: `complete` waits for it.
-            let n = unsafe { complete(&mut ring.lock(), &entry) }?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            done += n;
-        }
-        Ok(())
+            // SAFETY: `buf` and `file` outlive the operation: `complete` waits for it.
+            unsafe { complete(&mut ring.lock(), &entry) }
+        })
     }
 
     /// Writes all of `buf` at `offset`.
@@ -83,21 +79,14 @@ impl IoEngine {
         let IoEngine::Uring(ring) = self else {
             return file.write_all_at(buf, offset);
         };
-        let mut done = 0usize;
-        while done < buf.len() {
-            let rest = &buf[done..];
-            let len = u32::try_from(rest.len()).unwrap_or(u32::MAX);
-            let entry = opcode::Write::new(types::Fd(file.as_raw_fd()), rest.as_ptr(), len)
+        let fd = types::Fd(file.as_raw_fd());
+        repeat_until_done(buf.len(), std::io::ErrorKind::WriteZero, |done, len| {
+            let entry = opcode::Write::new(fd, buf[done..].as_ptr(), len)
                 .offset(offset + done as u64)
                 .build();
-            // SAFETY: `rest` and `file` outlive the operation: `complete` waits for it.
-            let n = unsafe { complete(&mut ring.lock(), &entry) }?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::WriteZero.into());
-            }
-            done += n;
-        }
-        Ok(())
+            // SAFETY: `buf` and `file` outlive the operation: `complete` waits for it.
+            unsafe { complete(&mut ring.lock(), &entry) }
+        })
     }
 
     /// Flushes the file's data to the device.
@@ -111,6 +100,24 @@ impl IoEngine {
         // SAFETY: `file` outlives the operation: `complete` waits for it.
         unsafe { complete(&mut ring.lock(), &entry) }.map(|_| ())
     }
+}
+
+/// Runs `step(done, len)` (moving at most `len` bytes from offset `done`, returning
+/// how many it moved) until `total` bytes are moved; 0 bytes moved is `stalled`.
+fn repeat_until_done(
+    total: usize,
+    stalled: std::io::ErrorKind,
+    mut step: impl FnMut(usize, u32) -> std::io::Result<usize>,
+) -> std::io::Result<()> {
+    let mut done = 0usize;
+    while done < total {
+        let len = u32::try_from(total - done).unwrap_or(u32::MAX);
+        match step(done, len)? {
+            0 => return Err(stalled.into()),
+            n => done += n,
+        }
+    }
+    Ok(())
 }
 
 /// Submits one operation and waits for its completion; the bytes it moved.

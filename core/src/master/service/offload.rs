@@ -57,6 +57,9 @@ impl MasterService {
 
     /// The disk copy of `key`, if any.
     pub(super) fn disk_copy(&self, key: &str) -> Option<DiskCopy> {
+        if !self.config.enable_offload {
+            return None; // no SSD tier can register: nothing to look up
+        }
         self.disk_shard(key).lock().get(key).copied()
     }
 
@@ -73,6 +76,9 @@ impl MasterService {
     /// Queues a completed write for the SSD tier of the owner of its first replica;
     /// the object stays in memory (not evicted) until the owner reports it.
     pub(super) fn queue_offload(&self, key: &str, size: u64, owner: u128) {
+        if !self.config.enable_offload {
+            return;
+        }
         let mut shard = self.shard(key).lock();
         let Some(entry) = shard.get_mut(key) else {
             return;
@@ -96,6 +102,9 @@ impl MasterService {
     /// Drops `key`'s disk copy (it was removed or replaced) and queues the deletion of
     /// its file on the owner.
     pub(super) fn drop_disk_copy(&self, key: &str) -> bool {
+        if !self.config.enable_offload {
+            return false;
+        }
         let Some(copy) = self.disk_shard(key).lock().remove(key) else {
             return false;
         };
@@ -213,6 +222,9 @@ impl MasterService {
     /// Keys with a disk copy that `matches` accepts.
     pub(super) fn disk_keys_matching(&self, matches: &dyn Fn(&str) -> bool) -> Vec<String> {
         let mut keys = Vec::new();
+        if !self.config.enable_offload {
+            return keys;
+        }
         for shard in self.disk.iter() {
             keys.extend(
                 shard
