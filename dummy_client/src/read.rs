@@ -4,8 +4,6 @@
 //! Destinations in shared memory are written by the real client directly (zero-copy).
 //! Registered ordinary buffers get the bytes through the staging buffer.
 
-use serde_bytes::ByteBuf;
-
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::protocol::rpc::{DATA_DEADLINE, Fragment, GetItem, MemRange, RangeRead};
 
@@ -13,6 +11,16 @@ use crate::buffer::BufferHandle;
 use crate::client::{DummyClient, all_failed};
 use crate::memory::{RangeKind, StagingBlock};
 use crate::user_memory;
+
+/// How a read through a staging block ended.
+enum Staged<R, F> {
+    /// The value was read and consumed (or the read failed for good).
+    Done(CodeResult<R>),
+    /// The object is larger than the block.
+    TooSmall(F),
+    /// No staging block of that size could be had.
+    NoRoom(F),
+}
 
 /// First guess of an object's size when `get` copies it through staging.
 const GET_GUESS: u64 = 1 << 20;
@@ -210,52 +218,79 @@ impl DummyClient {
     /// Reads `key` into a new vector (through the staging buffer, or inside the reply
     /// when the object is larger than the staging buffer).
     pub fn get(&self, key: &str) -> CodeResult<Vec<u8>> {
+        self.get_with(key, <[u8]>::to_vec)
+    }
+
+    /// Reads `key` and hands its bytes, in shared memory where possible, to `consume`: the one
+    /// copy out of shared memory is the caller's (the Python binding builds its `bytes`
+    /// there). The bytes come through a staging block, through a pool block when the
+    /// object is larger than half the staging buffer, or, when neither has room, inside
+    /// the reply.
+    pub fn get_with<R>(&self, key: &str, consume: impl FnOnce(&[u8]) -> R) -> CodeResult<R> {
         let guess = GET_GUESS.min(self.inner.memory.lock().staging_capacity() / 2);
-        match self.get_staged(key, guess) {
-            Err(ErrorCode::BUFFER_OVERFLOW) => {}
-            Err(ErrorCode::NO_AVAILABLE_HANDLE) => return self.get_inline(key),
-            other => return other,
-        }
+        let consume = match self.get_staged(key, guess, consume) {
+            Staged::Done(result) => return result,
+            Staged::TooSmall(consume) => consume,
+            Staged::NoRoom(consume) => return self.get_inline(key, consume),
+        };
         let size = self.get_size(key)?;
-        match self.get_staged(key, size) {
-            Err(ErrorCode::BUFFER_OVERFLOW | ErrorCode::NO_AVAILABLE_HANDLE) => {
-                self.get_inline(key)
-            }
-            other => other,
+        let consume = match self.get_staged(key, size, consume) {
+            Staged::Done(result) => return result,
+            Staged::TooSmall(consume) | Staged::NoRoom(consume) => consume,
+        };
+        match self.get_buffer(key) {
+            Ok(handle) => Ok(consume(handle.as_slice())),
+            Err(ErrorCode::NO_AVAILABLE_HANDLE) => self.get_inline(key, consume),
+            Err(code) => Err(code),
         }
     }
 
-    /// Reads `key` through a staging block of `capacity` bytes.
-    fn get_staged(&self, key: &str, capacity: u64) -> CodeResult<Vec<u8>> {
-        let block = self.stage(capacity).ok_or(ErrorCode::NO_AVAILABLE_HANDLE)?;
+    /// Reads `key` through a staging block of `capacity` bytes; gives `consume` back
+    /// when the block is too small or cannot be had.
+    fn get_staged<R, F: FnOnce(&[u8]) -> R>(
+        &self,
+        key: &str,
+        capacity: u64,
+        consume: F,
+    ) -> Staged<R, F> {
+        let Some(block) = self.stage(capacity) else {
+            return Staged::NoRoom(consume);
+        };
         let request = vec![GetItem {
             key: key.to_string(),
             dests: vec![block.range()],
         }];
-        let result = self
+        let read = self
             .call_batch(1, DATA_DEADLINE, |rpc, ctx| async move {
                 rpc.get(ctx, request).await
             })
             .into_iter()
             .next()
-            .unwrap_or(Err(ErrorCode::RPC_FAIL))
-            .and_then(|size| {
+            .unwrap_or(Err(ErrorCode::RPC_FAIL));
+        let outcome = match read {
+            Err(ErrorCode::BUFFER_OVERFLOW) => Staged::TooSmall(consume),
+            Err(code) => Staged::Done(Err(code)),
+            Ok(size) => Staged::Done(
                 block
                     .slice
                     .sub(0, size)
-                    .map(|s| s.to_vec())
-                    .ok_or(ErrorCode::INTERNAL_ERROR)
-            });
+                    // SAFETY: the block is this call's alone until `unstage` below, and
+                    // the real client finished writing it before answering.
+                    .map(|value| consume(unsafe { value.as_bytes() }))
+                    .ok_or(ErrorCode::INTERNAL_ERROR),
+            ),
+        };
         self.unstage(std::slice::from_ref(&block));
-        result
+        outcome
     }
 
-    fn get_inline(&self, key: &str) -> CodeResult<Vec<u8>> {
+    /// Reads `key` inside the RPC reply (no shared memory free for it).
+    fn get_inline<R>(&self, key: &str, consume: impl FnOnce(&[u8]) -> R) -> CodeResult<R> {
         let key = key.to_string();
-        self.call(DATA_DEADLINE, |rpc, ctx| async move {
+        let bytes = self.call(DATA_DEADLINE, |rpc, ctx| async move {
             rpc.get_inline(ctx, key).await
-        })?
-        .map(ByteBuf::into_vec)
+        })??;
+        Ok(consume(&bytes))
     }
 
     /// [`get`](Self::get) for many keys; one result per key.

@@ -312,6 +312,16 @@ impl MemSlice {
         unsafe { sys::recv_all(socket.as_raw_fd(), self.ptr(), self.len) }
     }
 
+    /// The slice's bytes, borrowed.
+    ///
+    /// # Safety
+    /// Nobody, in this process or a peer, may write the range while the borrow lives.
+    pub unsafe fn as_bytes(&self) -> &[u8] {
+        // SAFETY: the range was bounds-checked against a mapping this slice keeps alive;
+        // the caller guarantees it is not written meanwhile.
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
+    }
+
     /// Copies this slice into a new vector.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut out = vec![0u8; self.len];

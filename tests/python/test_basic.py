@@ -154,6 +154,15 @@ def test_put_larger_than_staging_buffer(store, keys):
     assert store.get(keys("big")) == data
 
 
+def test_get_of_a_value_larger_than_the_pool_and_the_staging_buffer(real_client, connect, keys):
+    """A value larger than the staging buffer and the pool still arrives whole."""
+    store = connect(real_client.address, pool=1 << 20, staging=1 << 20)
+    data = bytes(range(241)) * ((6 << 20) // 241)
+    assert store.put(keys("big"), data) == OK
+    assert store.get(keys("big")) == data
+    assert store.get_batch([keys("big"), keys("missing")]) == [data, b""]
+
+
 def test_batch_is_exist(store, keys):
     names = keys.many(20)
     for name in names[:10]:

@@ -124,6 +124,16 @@ impl PyStore {
     }
 }
 
+/// Reads `key` into a new Python `bytes`, copied straight out of shared memory (the
+/// GIL is taken only for that copy); `None` when the read fails.
+fn get_as_bytes(client: &DummyClient, key: &str) -> Option<Py<PyBytes>> {
+    client
+        .get_with(key, |value| {
+            Python::attach(|py| PyBytes::new(py, value).unbind())
+        })
+        .ok()
+}
+
 fn not_ready() -> i64 {
     code(ErrorCode::RPC_FAIL)
 }
@@ -520,19 +530,20 @@ impl PyStore {
 
     /// The object's bytes, or `b""` when it is missing (or on error).
     fn get<'py>(&self, py: Python<'py>, key: String) -> Bound<'py, PyBytes> {
-        let bytes = self.with(py, Vec::new(), move |c| c.get(&key).unwrap_or_default());
-        PyBytes::new(py, &bytes)
+        let value = self.with(py, None, move |c| get_as_bytes(c, &key));
+        value.map_or_else(|| PyBytes::new(py, b""), |bytes| bytes.into_bound(py))
     }
 
     fn get_batch<'py>(&self, py: Python<'py>, keys: Vec<String>) -> Vec<Bound<'py, PyBytes>> {
         let n = keys.len();
-        let values = self.with(py, vec![Vec::new(); n], move |c| {
-            c.get_batch(&keys)
-                .into_iter()
-                .map(Result::unwrap_or_default)
-                .collect()
-        });
-        values.iter().map(|v| PyBytes::new(py, v)).collect()
+        let values: Vec<Option<Py<PyBytes>>> =
+            self.with(py, (0..n).map(|_| None).collect(), move |c| {
+                keys.iter().map(|key| get_as_bytes(c, key)).collect()
+            });
+        values
+            .into_iter()
+            .map(|v| v.map_or_else(|| PyBytes::new(py, b""), |bytes| bytes.into_bound(py)))
+            .collect()
     }
 
     fn _get_buffer(&self, py: Python<'_>, key: String) -> Option<PyBufferHandle> {
