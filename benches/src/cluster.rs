@@ -2,49 +2,11 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mooncake_dummy_client::{DummyClient, ReplicateConfig};
+use mooncake_dummy_client::ReplicateConfig;
 
-/// Processes started for the measurement, killed on drop.
-struct Processes(Vec<Child>);
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn free_port() -> Result<u16, String> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| e.to_string())
-}
-
-fn spawn(name: &str, args: &[String]) -> Result<Child, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    Command::new(exe.with_file_name(name))
-        .args(args)
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start {name}: {e}"))
-}
-
-fn wait_for(address: &str) -> Result<DummyClient, String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match DummyClient::setup_dummy(64 << 20, 16 << 20, Some(address)) {
-            Ok(client) => return Ok(client),
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-}
+use crate::processes::{Processes, free_port, spawn, wait_for};
 
 /// Raw loopback TCP: one sender streaming 16 MiB messages to one receiver.
 fn loopback_tcp_gbps(total: usize) -> Result<f64, String> {
@@ -91,7 +53,7 @@ fn median(values: &mut [f64]) -> f64 {
 pub fn run(repeats: usize) -> Result<(), String> {
     let master_port = free_port()?;
     let master_address = format!("127.0.0.1:{master_port}");
-    let mut processes = Processes(Vec::new());
+    let mut processes = Processes::default();
     processes.0.push(spawn(
         "mooncake_master",
         &[

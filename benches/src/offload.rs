@@ -1,8 +1,8 @@
-//! The SSD tier's bucket store next to the raw disk of this machine, in one run:
+//! The SSD tier's storage backends next to the raw disk of this machine, in one run:
 //! sequential write (with `fdatasync`) and read of a plain file, random 64 KiB reads,
-//! and the store writing and reading back 64 KiB and 1 MiB objects. Page-cache copies
-//! are dropped (`posix_fadvise(DONTNEED)`) before every read pass, so reads come from
-//! the device.
+//! and each backend writing and reading back 64 KiB and 1 MiB objects. Page-cache
+//! copies are dropped (`posix_fadvise(DONTNEED)`) before every read pass, so reads come
+//! from the device.
 
 use std::fs::File;
 use std::io::Write as _;
@@ -10,8 +10,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use mooncake_offload::bucket::BucketStore;
-use mooncake_offload::config::EvictionPolicy;
+use mooncake_offload::backend::{Limits, open_backend};
+use mooncake_offload::config::{BackendKind, OffloadConfig};
 use mooncake_offload::io::IoEngine;
 
 /// Bytes moved per measurement.
@@ -32,7 +32,12 @@ fn drop_cache(path: &Path) {
 fn drop_dir_cache(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
-            drop_cache(&entry.path());
+            let path = entry.path();
+            if path.is_dir() {
+                drop_dir_cache(&path);
+            } else {
+                drop_cache(&path);
+            }
         }
     }
 }
@@ -86,15 +91,18 @@ fn raw_disk(dir: &Path) -> (f64, f64, f64) {
     (write, read, random)
 }
 
-/// Writes `TOTAL` bytes of `size`-byte objects through a bucket store, then reads them
+/// Writes `TOTAL` bytes of `size`-byte objects through backend `kind`, then reads them
 /// all back (cold), checking every value: (write GB/s, read GB/s).
-fn store(dir: &Path, size: usize, uring: bool) -> (f64, f64) {
+fn store(dir: &Path, kind: BackendKind, size: usize, uring: bool) -> (f64, f64) {
     let store_dir = dir.join(format!("store-{size}"));
     let _ = std::fs::remove_dir_all(&store_dir);
     std::fs::create_dir_all(&store_dir).expect("mkdir");
     let io = std::sync::Arc::new(IoEngine::new(uring));
-    let (mut store, _) =
-        BucketStore::open_with(&store_dir, u64::MAX, EvictionPolicy::Fifo, io).expect("open store");
+    let mut config = OffloadConfig::from_lookup(&|_| None).expect("default settings");
+    config.backend = kind;
+    config.path.clone_from(&store_dir);
+    let limits = Limits::bytes(2 * TOTAL as u64);
+    let (mut store, _) = open_backend(&config, limits, io).expect("open store");
     let count = TOTAL / size;
     let per_bucket = (256usize << 20) / size;
     let per_bucket = per_bucket.clamp(1, 500);
@@ -107,7 +115,7 @@ fn store(dir: &Path, size: usize, uring: bool) -> (f64, f64) {
             .enumerate()
             .map(|(i, k)| (k.as_str(), values[i].as_slice()))
             .collect();
-        store.write_bucket(&objects).expect("write bucket");
+        store.write_batch(&objects).expect("write batch");
     }
     let write = gbps(count * size, started.elapsed().as_secs_f64());
     drop_dir_cache(&store_dir);
@@ -122,10 +130,15 @@ fn store(dir: &Path, size: usize, uring: bool) -> (f64, f64) {
     (write, read)
 }
 
-/// Where to measure: `MOONCAKE_BENCH_DIR`, else the system's temporary directory.
+/// Where disk measurements happen: `MOONCAKE_BENCH_DIR`, else the system's temporary
+/// directory.
+pub fn scratch_dir() -> PathBuf {
+    std::env::var_os("MOONCAKE_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from)
+}
+
+/// This run's directory under [`scratch_dir`].
 fn bench_dir() -> PathBuf {
-    let base =
-        std::env::var_os("MOONCAKE_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    let base = scratch_dir();
     let dir = base.join(format!("mooncake-bench-offload-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("create the benchmark directory");
     dir
@@ -144,22 +157,34 @@ pub fn run(repeats: usize) {
         "raw file: sequential write 1 MiB + fdatasync",
         "raw file: sequential read 1 MiB (cold)",
         "raw file: random read 64 KiB (cold)",
-        "bucket store: write 64 KiB objects",
-        "bucket store: read 64 KiB objects (cold, checked)",
-        "bucket store: write 1 MiB objects",
-        "bucket store: read 1 MiB objects (cold, checked)",
-        "bucket store, io_uring: write 1 MiB objects",
-        "bucket store, io_uring: read 1 MiB objects (cold, checked)",
     ]
     .into_iter()
     .map(|name| (name.to_string(), Vec::new()))
     .collect();
+    let cases = [
+        (BackendKind::Bucket, "bucket", false),
+        (BackendKind::FilePerKey, "file_per_key", false),
+        (BackendKind::OffsetAllocator, "offset_allocator", false),
+        (BackendKind::Bucket, "bucket, io_uring", true),
+    ];
+    for (_, name, _) in cases {
+        for size in ["64 KiB", "1 MiB"] {
+            rows.push((format!("{name}: write {size} objects"), Vec::new()));
+            rows.push((
+                format!("{name}: read {size} objects (cold, checked)"),
+                Vec::new(),
+            ));
+        }
+    }
     for _ in 0..repeats {
         let (write, read, random) = raw_disk(&dir);
-        let (w64, r64) = store(&dir, 64 << 10, false);
-        let (w1m, r1m) = store(&dir, 1 << 20, false);
-        let (uw1m, ur1m) = store(&dir, 1 << 20, true);
-        let values = [write, read, random, w64, r64, w1m, r1m, uw1m, ur1m];
+        let mut values = vec![write, read, random];
+        for (kind, _, uring) in cases {
+            for size in [64 << 10, 1 << 20] {
+                let (w, r) = store(&dir, kind, size, uring);
+                values.extend([w, r]);
+            }
+        }
         for (row, value) in rows.iter_mut().zip(values) {
             row.1.push(value);
         }

@@ -3,14 +3,20 @@
 //!
 //! The settings (upstream's `MOONCAKE_OFFLOAD_*` variables and path rules,
 //! [`config`]), checksummed records ([`record`]), the I/O engines (POSIX, io_uring with
-//! a fallback, [`io`]) and the default backend, `bucket_storage_backend` ([`bucket`]),
-//! with recovery and FIFO/LRU disk eviction. The real client drives them (its `disk`
-//! module).
+//! a fallback, [`io`]), the contract of a storage backend ([`backend`]) and the three
+//! local-disk backends: `bucket_storage_backend` ([`bucket`], the default),
+//! `file_per_key_storage_backend` ([`file_per_key`]) and
+//! `offset_allocator_storage_backend` ([`offset_allocator`]), each with recovery and
+//! FIFO/LRU disk eviction under byte and key limits. The real client drives them (its
+//! `disk` module).
 
+pub mod backend;
 pub mod bucket;
 pub mod checksum;
 pub mod config;
+pub mod file_per_key;
 pub mod io;
+pub mod offset_allocator;
 pub mod record;
 
 /// The storage backends the SSD tier offers, by their configuration names.

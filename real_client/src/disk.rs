@@ -1,10 +1,10 @@
-//! This node's SSD tier: the bucket store in the offload directory, the loop that writes
-//! the objects the master queues, and disk reads for local and remote readers.
+//! This node's SSD tier: the storage backend in the offload directory, the loop that
+//! writes the objects the master queues, and disk reads for local and remote readers.
 //!
-//! Keys here are the master's (tenant-scoped) keys. The store's index lives behind a
-//! mutex held only for lookups and index changes; file reads and writes happen outside
-//! it (a read opens the bucket file first, so a concurrent eviction cannot change the
-//! bytes it gets).
+//! Keys here are the master's (tenant-scoped) keys. The backend lives behind a mutex;
+//! reads take it only for the lookup and read the file outside it, through a read plan
+//! that keeps its bytes from being reused and checks the record's key and checksum, so
+//! a concurrent eviction yields the right bytes or "not found".
 
 use std::sync::Arc;
 
@@ -12,7 +12,9 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
-use mooncake_offload::bucket::{BucketStore, RecoveryReport, StoreError};
+use mooncake_offload::backend::{
+    Eviction, Limits, RecoveryReport, StorageBackend, StoreError, open_backend,
+};
 use mooncake_offload::config::{OffloadConfig, validate_path};
 use mooncake_offload::io::IoEngine;
 
@@ -23,7 +25,7 @@ use crate::store::Store;
 /// The SSD tier of one real client.
 #[derive(Debug)]
 pub struct DiskTier {
-    store: Mutex<BucketStore>,
+    store: Mutex<Box<dyn StorageBackend>>,
     config: OffloadConfig,
 }
 
@@ -57,7 +59,7 @@ fn code(error: &StoreError) -> ErrorCode {
         StoreError::NotFound | StoreError::Corrupt(_) => ErrorCode::OBJECT_NOT_FOUND,
         StoreError::BufferTooSmall { .. } => ErrorCode::BUFFER_OVERFLOW,
         StoreError::AlreadyExists(_) => ErrorCode::OBJECT_ALREADY_EXISTS,
-        StoreError::Invalid(_) => ErrorCode::INVALID_PARAMS,
+        StoreError::Invalid(_) | StoreError::Unsupported(_) => ErrorCode::INVALID_PARAMS,
         StoreError::QuotaExceeded { .. } | StoreError::Io { .. } => ErrorCode::FILE_WRITE_FAIL,
     }
 }
@@ -68,11 +70,16 @@ impl DiskTier {
         validate_path(&config.path)?;
         let quota = quota(&config);
         let io = Arc::new(IoEngine::new(config.use_uring));
-        let (store, report) =
-            BucketStore::open_with(&config.path, quota, config.eviction_policy, io)?;
+        let limits = Limits {
+            bytes: quota,
+            keys: config.total_keys_limit,
+        };
+        let (store, report) = open_backend(&config, limits, io)?;
         tracing::info!(
             path = %config.path.display(),
+            backend = store.name(),
             quota,
+            keys_limit = limits.keys,
             objects = report.objects,
             buckets = report.buckets,
             corrupt_records = report.corrupt_records,
@@ -95,11 +102,7 @@ impl DiskTier {
 
     /// Every object on disk with its size.
     pub fn objects(&self) -> Vec<(String, u64)> {
-        self.store
-            .lock()
-            .objects()
-            .map(|(k, s)| (k.to_string(), s))
-            .collect()
+        self.store.lock().objects()
     }
 
     /// Reads `key`'s value; a corrupt record is dropped and reported as not found.
@@ -136,13 +139,14 @@ impl DiskTier {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_slice()))
             .collect();
-        let eviction = self
-            .store
-            .lock()
-            .make_room(BucketStore::bytes_needed(&refs))
-            .map_err(|e| code(&e))?;
-        if !eviction.keys.is_empty() {
-            master.disk_evicted(client, eviction.keys.clone()).await?;
+        let eviction = self.store.lock().make_room(&refs).map_err(|e| code(&e))?;
+        if !eviction.keys.is_empty()
+            && let Err(code) = master.disk_evicted(client, eviction.keys.clone()).await
+        {
+            // The victims are out of the index already: delete them anyway. A disk
+            // copy the master still lists reads as "not found", never as other bytes.
+            self.store.lock().finish_eviction(eviction);
+            return Err(code);
         }
         tokio::task::block_in_place(|| self.finish_and_write(eviction, &refs))?;
         let written = objects
@@ -154,17 +158,10 @@ impl DiskTier {
 }
 
 impl DiskTier {
-    fn finish_and_write(
-        &self,
-        eviction: mooncake_offload::bucket::Eviction,
-        objects: &[(&str, &[u8])],
-    ) -> CodeResult<()> {
+    fn finish_and_write(&self, eviction: Eviction, objects: &[(&str, &[u8])]) -> CodeResult<()> {
         let mut store = self.store.lock();
         store.finish_eviction(eviction);
-        store
-            .write_bucket(objects)
-            .map(|_| ())
-            .map_err(|e| code(&e))
+        store.write_batch(objects).map_err(|e| code(&e))
     }
 }
 
@@ -187,9 +184,9 @@ pub async fn register(disk: &DiskTier, master: &MasterLink, client: u128) -> Cod
 }
 
 /// Writes what the master queues for this node, every heartbeat interval, until
-/// `shutdown`. Objects are read from this node's segment under a read lease, grouped
-/// into buckets by the bucket limits; a partial bucket is written at the end of each
-/// round (never held back).
+/// `shutdown`; each round drains the queue. Objects are read from this node's segment
+/// under a read lease, grouped into batches by the bucket limits; a partial batch is
+/// written at the end of each fetch (never held back).
 pub async fn offload_loop(
     disk: Arc<DiskTier>,
     state: Arc<ServerState>,
@@ -212,23 +209,40 @@ pub async fn offload_loop(
     }
 }
 
+/// Drains this node's queue: fetches and writes batches until the master has no more.
 async fn offload_round(
     disk: &DiskTier,
     store: &Store,
     master: &MasterLink,
     client: u128,
 ) -> CodeResult<()> {
-    let max = u32::try_from(disk.config.bucket_keys_limit).unwrap_or(u32::MAX);
-    let work = match master.offload_fetch(client, max.saturating_mul(4)).await {
+    let max = u32::try_from(disk.config.bucket_keys_limit)
+        .unwrap_or(u32::MAX)
+        .saturating_mul(4);
+    while offload_batch(disk, store, master, client, max).await? >= max as usize {}
+    Ok(())
+}
+
+/// Fetches up to `max` queued objects, writes them in buckets and reports them;
+/// returns how many were fetched.
+async fn offload_batch(
+    disk: &DiskTier,
+    store: &Store,
+    master: &MasterLink,
+    client: u128,
+    max: u32,
+) -> CodeResult<usize> {
+    let work = match master.offload_fetch(client, max).await {
         Err(ErrorCode::SEGMENT_NOT_FOUND) => {
             // The master restarted (or forgot us): register again with everything on disk.
-            return register(disk, master, client).await;
+            return register(disk, master, client).await.map(|()| 0);
         }
         other => other?,
     };
     for key in &work.delete {
         disk.remove(key);
     }
+    let fetched = work.store.len();
     let mut bucket: Vec<(String, Vec<u8>)> = Vec::new();
     let mut bucket_bytes = 0u64;
     let mut not_written = Vec::new();
@@ -260,7 +274,7 @@ async fn offload_round(
         // Lets the master evict them from memory again.
         master.offload_done(client, not_written).await?;
     }
-    Ok(())
+    Ok(fetched)
 }
 
 /// Writes one bucket; on failure its objects are reported as not written.

@@ -33,11 +33,13 @@ impl Drop for TempDir {
     }
 }
 
-/// A node with the SSD tier in `dir` (one offload round per second), io_uring or not.
+/// A node with the SSD tier in `dir` (one offload round per second, 1 GiB of disk at
+/// most) on `backend`, io_uring or not.
 fn disk_node_with(
     master: &MasterProcess,
     segment: &str,
     dir: &TempDir,
+    backend: &str,
     uring: bool,
 ) -> RealClientProcess {
     RealClientProcess::join_with_env(
@@ -48,13 +50,15 @@ fn disk_node_with(
             ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", dir.path()),
             ("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1"),
             ("MOONCAKE_OFFLOAD_USE_URING", if uring { "1" } else { "0" }),
+            ("MOONCAKE_OFFLOAD_STORAGE_BACKEND_DESCRIPTOR", backend),
+            ("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES", "1GiB"),
         ],
     )
 }
 
-fn disk_node(master: &MasterProcess, segment: &str, dir: &TempDir) -> RealClientProcess {
-    disk_node_with(master, segment, dir, false)
-}
+const BUCKETS: &str = "bucket_storage_backend";
+const FILE_PER_KEY: &str = "file_per_key_storage_backend";
+const ONE_FILE: &str = "offset_allocator_storage_backend";
 
 fn dummy(node: &RealClientProcess) -> DummyClient {
     DummyClient::setup_dummy(64 << 20, 8 << 20, Some(&node.address())).expect("setup_dummy")
@@ -105,9 +109,26 @@ fn put_and_offload(client: &DummyClient, node: &RealClientProcess, prefix: &str,
 
 #[test]
 fn evicted_objects_are_read_from_disk_through_any_node_and_survive_restarts() {
+    evicted_objects_survive(BUCKETS, false);
+}
+
+#[test]
+fn the_file_per_key_backend_keeps_evicted_objects_across_restarts() {
+    evicted_objects_survive(FILE_PER_KEY, false);
+}
+
+#[test]
+fn the_offset_allocator_backend_keeps_evicted_objects_across_restarts_with_io_uring() {
+    evicted_objects_survive(ONE_FILE, true);
+}
+
+/// With a segment smaller than the data: evicted objects are read byte-exact from
+/// disk through the owner and another node (also zero-copy), after kill -9 of the
+/// node and after a restart of the master; removed objects do not come back.
+fn evicted_objects_survive(backend: &str, uring: bool) {
     let dir = TempDir::new("evict");
     let mut master = MasterProcess::start(&["--enable_offload=true"]);
-    let mut a = disk_node(&master, "16MB", &dir);
+    let mut a = disk_node_with(&master, "16MB", &dir, backend, uring);
     let via_a = dummy(&a);
     put_and_offload(&via_a, &a, "first-", 8);
     // Twice the segment more, in waves the disk keeps up with: the first objects leave
@@ -165,11 +186,25 @@ fn evicted_objects_are_read_from_disk_through_any_node_and_survive_restarts() {
         back,
         "objects on disk did not come back after a restart of the master"
     );
-    // Removal deletes disk copies too.
+    // Removal deletes disk copies too, for good: they do not come back with the node.
     assert_eq!(via_b.remove("first-3", true), Ok(()));
     assert_eq!(
         via_b.get("first-3").map(|_| ()),
         Err(ErrorCode::OBJECT_NOT_FOUND)
+    );
+    // Let the node's next round delete the file, then kill -9 and restart it.
+    std::thread::sleep(Duration::from_millis(2500));
+    drop(via_a);
+    a.restart();
+    let via_a = dummy(&a);
+    let back = eventually(Duration::from_secs(10), || {
+        via_a.get("first-2").is_ok_and(|v| v == value(2, 1 << 20))
+    });
+    assert!(back, "{backend}: the node's disk did not come back");
+    assert_eq!(
+        via_a.get("first-3").map(|_| ()),
+        Err(ErrorCode::OBJECT_NOT_FOUND),
+        "{backend}: a removed object came back after a restart"
     );
 }
 
@@ -178,7 +213,7 @@ fn a_damaged_bucket_loses_only_its_damaged_objects() {
     let dir = TempDir::new("damage");
     let master = MasterProcess::start(&["--enable_offload=true"]);
     // Through io_uring (where the kernel allows it; else the logged POSIX fallback).
-    let mut node = disk_node_with(&master, "64MB", &dir, true);
+    let mut node = disk_node_with(&master, "64MB", &dir, BUCKETS, true);
     let client = dummy(&node);
     put_and_offload(&client, &node, "k", 4);
     drop(client);

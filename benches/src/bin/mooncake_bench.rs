@@ -12,10 +12,13 @@
 //! transfer engine next to raw loopback TCP; `--sections master` measures the master's
 //! put-start+put-end pairs per second on 1 k and 1 M keys and its memory per key;
 //! `--sections offload` measures the SSD tier's bucket store next to the raw disk
-//! (in `MOONCAKE_BENCH_DIR`, default the temporary directory).
+//! (in `MOONCAKE_BENCH_DIR`, default the temporary directory); `--sections trace`
+//! replays the request trace `--trace FILE` (its first `--trace-requests` requests,
+//! default 3000, blocks of `--block` bytes, default 64 KiB) against a real client with
+//! a `--trace-segment` memory segment (default 512MB), without and with its SSD tier.
 //!
 //! Usage: `mooncake_bench [--client ADDR] [--repeats N] [--segment SIZE]
-//! [--sections dummy,cluster,master,offload]`
+//! [--sections dummy,cluster,master,offload,trace] [--trace FILE]`
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -28,12 +31,17 @@ mod cluster;
 mod master;
 #[path = "../offload.rs"]
 mod offload;
+#[path = "../processes.rs"]
+mod processes;
+#[path = "../trace.rs"]
+mod trace;
 
 struct Options {
     client: Option<String>,
     repeats: usize,
     segment: String,
     sections: Vec<String>,
+    trace: trace::TraceOptions,
 }
 
 fn parse_options() -> Result<Options, String> {
@@ -42,6 +50,12 @@ fn parse_options() -> Result<Options, String> {
         repeats: 5,
         segment: "2GB".into(),
         sections: vec!["dummy".into(), "cluster".into(), "master".into()],
+        trace: trace::TraceOptions {
+            path: std::path::PathBuf::new(),
+            requests: 3000,
+            block: 64 << 10,
+            segment: "512MB".into(),
+        },
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -63,6 +77,17 @@ fn parse_options() -> Result<Options, String> {
                     .map_err(|_| "--repeats needs a number".to_string())?
             }
             "segment" => options.segment = value()?,
+            "trace" => options.trace.path = value()?.into(),
+            "trace-requests" => {
+                options.trace.requests = value()?
+                    .parse()
+                    .map_err(|_| "--trace-requests needs a number".to_string())?
+            }
+            "block" => {
+                options.trace.block = mooncake_core::units::parse_size(&value()?)
+                    .map_err(|e| format!("--block: {e}"))?
+            }
+            "trace-segment" => options.trace.segment = value()?,
             "sections" => {
                 options.sections = value()?.split(',').map(|s| s.trim().to_string()).collect()
             }
@@ -317,6 +342,12 @@ fn main() {
         }
         if options.sections.iter().any(|s| s == "offload") {
             offload::run(options.repeats);
+        }
+        if options.sections.iter().any(|s| s == "trace") {
+            if options.trace.path.as_os_str().is_empty() {
+                return Err("--sections trace needs --trace FILE (a JSONL request trace)".into());
+            }
+            trace::run(&options.trace, &offload::scratch_dir())?;
         }
         Ok(())
     });

@@ -1,0 +1,516 @@
+//! The contract every SSD-tier storage backend meets, and what they share: errors,
+//! recovery reports, limits, two-phase evictions and read plans.
+//!
+//! A backend keeps checksummed [records](crate::record) on disk and an in-memory index
+//! of them, rebuilt from disk when it opens. Writes come in batches; before a batch the
+//! caller asks [`make_room`](StorageBackend::make_room), which takes victims out of the
+//! index and returns their keys, tells the master, and only then lets
+//! [`finish_eviction`](StorageBackend::finish_eviction) delete their bytes. Reads look a
+//! key up ([`locate`](StorageBackend::locate)) and read the bytes with the returned
+//! [`ReadPlan`] without holding the backend: the plan keeps what it reads from being
+//! reused (an open file of a deleted path stays readable; the one-file backend holds
+//! the extent), and it checks the record's key and checksum, so a read racing an
+//! eviction gets the right bytes or "not found", never other bytes.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::{BackendKind, EvictionPolicy, OffloadConfig};
+use crate::io::IoEngine;
+use crate::record::{self, HEADER_LEN, Header, MAX_KEY_LEN};
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The key is not on disk (never written, removed, evicted, or found corrupt).
+    #[error("object not on disk")]
+    NotFound,
+    /// The key is on disk already, or twice in one batch.
+    #[error("object {0:?} is on disk already")]
+    AlreadyExists(String),
+    /// An empty batch, an empty or oversized key.
+    #[error("invalid object: {0}")]
+    Invalid(String),
+    /// The destination is smaller than the value.
+    #[error("destination of {have} bytes is smaller than the value of {need} bytes")]
+    BufferTooSmall {
+        /// Bytes needed.
+        need: u64,
+        /// Bytes given.
+        have: u64,
+    },
+    /// The bytes on disk fail their checksum; the key was dropped from the index.
+    #[error("object on disk is corrupt ({0})")]
+    Corrupt(record::RecordError),
+    /// The limits leave no room and the policy forbids eviction (or the batch alone
+    /// exceeds them).
+    #[error(
+        "disk limits reached: {used} of {quota} bytes and {keys} of {keys_limit} keys used, {needed} bytes needed"
+    )]
+    QuotaExceeded {
+        /// The byte quota.
+        quota: u64,
+        /// Bytes in use.
+        used: u64,
+        /// Bytes the write needs.
+        needed: u64,
+        /// Keys stored.
+        keys: u64,
+        /// The key limit.
+        keys_limit: u64,
+    },
+    /// The backend named in the settings is not one this build runs locally.
+    #[error("{0} is not a local-disk backend")]
+    Unsupported(&'static str),
+    /// A file operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// Maps an I/O error on `path` during `op` to a [`StoreError`].
+pub(crate) fn io_error<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+    move |source| StoreError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What startup found on disk.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Files of objects indexed (buckets; files; 1 for the one-file backend).
+    pub buckets: u64,
+    /// Objects indexed.
+    pub objects: u64,
+    /// Records left out: truncated, bit-flipped or unreadable.
+    pub corrupt_records: u64,
+    /// Files dropped whole (bad metadata, or no valid record left).
+    pub dropped_buckets: u64,
+    /// Leftovers of interrupted writes deleted.
+    pub orphan_files: u64,
+}
+
+/// How much a backend may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes on disk.
+    pub bytes: u64,
+    /// Objects.
+    pub keys: u64,
+}
+
+impl Limits {
+    /// A byte quota and no key limit.
+    pub fn bytes(bytes: u64) -> Self {
+        Limits {
+            bytes,
+            keys: u64::MAX,
+        }
+    }
+}
+
+/// What a backend holds against its limits, and the checks every backend makes.
+#[derive(Clone, Copy, Debug)]
+pub struct Room {
+    /// The limits.
+    pub limits: Limits,
+    /// Bytes in use.
+    pub used: u64,
+    /// Objects stored.
+    pub keys: usize,
+}
+
+impl Room {
+    /// Whether `bytes` more bytes and `keys` more objects fit.
+    pub(crate) fn fits(&self, bytes: u64, keys: u64) -> bool {
+        self.used.saturating_add(bytes) <= self.limits.bytes
+            && (self.keys as u64).saturating_add(keys) <= self.limits.keys
+    }
+
+    /// The same with `freed_bytes` and `freed_keys` given back first.
+    pub(crate) fn fits_after(
+        &self,
+        freed_bytes: u64,
+        freed_keys: usize,
+        bytes: u64,
+        keys: u64,
+    ) -> bool {
+        Room {
+            used: self.used.saturating_sub(freed_bytes),
+            keys: self.keys.saturating_sub(freed_keys),
+            ..*self
+        }
+        .fits(bytes, keys)
+    }
+
+    /// The error for a batch of `needed` bytes that does not fit.
+    pub(crate) fn exceeded(&self, needed: u64) -> StoreError {
+        StoreError::QuotaExceeded {
+            quota: self.limits.bytes,
+            used: self.used,
+            needed,
+            keys: self.keys as u64,
+            keys_limit: self.limits.keys,
+        }
+    }
+
+    /// The start of every `make_room`: `Ok(true)` when the batch fits now, `Ok(false)`
+    /// when eviction has to make room, an error when eviction cannot (policy `none`,
+    /// or the batch alone above the limits).
+    pub(crate) fn before_eviction(
+        &self,
+        bytes: u64,
+        keys: u64,
+        policy: EvictionPolicy,
+    ) -> Result<bool, StoreError> {
+        if self.fits(bytes, keys) {
+            Ok(true)
+        } else if bytes > self.limits.bytes
+            || keys > self.limits.keys
+            || policy == EvictionPolicy::None
+        {
+            Err(self.exceeded(bytes))
+        } else {
+            Ok(false)
+        }
+    }
+}
+
+/// Victims taken out of the index by [`StorageBackend::make_room`], whose bytes
+/// [`StorageBackend::finish_eviction`] deletes.
+#[derive(Debug, Default)]
+#[must_use = "the bytes are only deleted by finish_eviction"]
+pub struct Eviction {
+    /// Keys that are no longer on disk (tell the master before finishing).
+    pub keys: Vec<String>,
+    /// The victims, in the backend's own terms (bucket ids, file ids, extents).
+    pub(crate) units: Vec<u64>,
+}
+
+impl Eviction {
+    /// Number of victims (buckets, files or extents).
+    pub fn units(&self) -> usize {
+        self.units.len()
+    }
+}
+
+/// How to read one object, obtained from [`StorageBackend::locate`] and used without
+/// holding the backend.
+#[derive(Clone, Debug)]
+pub struct ReadPlan {
+    pub(crate) path: PathBuf,
+    pub(crate) offset: u64,
+    pub(crate) key: String,
+    pub(crate) value_len: u64,
+    pub(crate) io: Arc<IoEngine>,
+    /// Keeps the one-file backend from reusing the extent while the plan lives.
+    #[expect(dead_code, reason = "held for its reference count, never read")]
+    pub(crate) pin: Option<Arc<()>>,
+}
+
+impl ReadPlan {
+    /// Size of the value.
+    pub fn len(&self) -> u64 {
+        self.value_len
+    }
+
+    /// True for an empty value (never stored: values are at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.value_len == 0
+    }
+
+    /// Reads the value into the start of `dest` and checks the record's key and
+    /// checksum; returns the value's length.
+    pub fn read_into(&self, dest: &mut [u8]) -> Result<u64, StoreError> {
+        let need = self.value_len;
+        if (dest.len() as u64) < need {
+            return Err(StoreError::BufferTooSmall {
+                need,
+                have: dest.len() as u64,
+            });
+        }
+        let file = File::open(&self.path).map_err(|_| StoreError::NotFound)?;
+        let mut head = vec![0u8; HEADER_LEN + self.key.len()];
+        let truncated = |_| StoreError::Corrupt(record::RecordError::Truncated);
+        self.io
+            .read_exact_at(&file, &mut head, self.offset)
+            .map_err(truncated)?;
+        let header = Header::parse(&head).map_err(StoreError::Corrupt)?;
+        if &head[HEADER_LEN..] != self.key.as_bytes() || header.value_len != need {
+            // Another record now: the object is gone.
+            return Err(StoreError::NotFound);
+        }
+        let value = &mut dest[..usize::try_from(need).unwrap_or(usize::MAX)];
+        self.io
+            .read_exact_at(&file, value, self.offset + head.len() as u64)
+            .map_err(truncated)?;
+        header
+            .verify(&head[HEADER_LEN..], value)
+            .map_err(StoreError::Corrupt)?;
+        Ok(need)
+    }
+}
+
+/// A store of objects on local disk. See the module documentation for the protocol.
+pub trait StorageBackend: Send + std::fmt::Debug {
+    /// The backend's configuration name.
+    fn name(&self) -> &'static str;
+
+    /// Its limits and what it holds against them.
+    fn room(&self) -> Room;
+
+    /// Objects on disk.
+    fn len(&self) -> usize {
+        self.room().keys
+    }
+
+    /// True when no object is on disk.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes in use on disk (what counts against the byte limit).
+    fn used_bytes(&self) -> u64 {
+        self.room().used
+    }
+
+    /// The limits it keeps to.
+    fn limits(&self) -> Limits {
+        self.room().limits
+    }
+
+    /// Whether `key` is on disk.
+    fn contains(&self, key: &str) -> bool;
+
+    /// Every object on disk with its value size (for re-registering with the master).
+    fn objects(&self) -> Vec<(String, u64)>;
+
+    /// Phase one of eviction: takes victims out of the index, by the policy's order,
+    /// until the batch `objects` fits. Their keys become unreadable at once; their
+    /// bytes stay until [`finish_eviction`](Self::finish_eviction). `QuotaExceeded`
+    /// when that is impossible (policy `none`, or the batch alone above the limits);
+    /// nothing is evicted then.
+    fn make_room(&mut self, objects: &[(&str, &[u8])]) -> Result<Eviction, StoreError>;
+
+    /// Phase two of eviction: deletes the victims' bytes.
+    fn finish_eviction(&mut self, eviction: Eviction);
+
+    /// Writes `objects` durably and indexes them. The room must have been made; a key
+    /// already on disk is `AlreadyExists`.
+    fn write_batch(&mut self, objects: &[(&str, &[u8])]) -> Result<(), StoreError>;
+
+    /// Looks `key` up (recording the read for `lru`); the bytes are read with
+    /// [`ReadPlan::read_into`], without holding the backend.
+    fn locate(&mut self, key: &str) -> Result<ReadPlan, StoreError>;
+
+    /// Drops `key` and deletes its bytes. Returns whether it was there.
+    fn remove(&mut self, key: &str) -> bool;
+
+    /// Deletes every object; returns how many there were.
+    fn remove_all(&mut self) -> usize;
+
+    /// Reads `key` into `dest`; a corrupt record is dropped from the index.
+    fn read_into(&mut self, key: &str, dest: &mut [u8]) -> Result<u64, StoreError> {
+        let plan = self.locate(key)?;
+        let result = plan.read_into(dest);
+        if matches!(result, Err(StoreError::Corrupt(_))) {
+            tracing::warn!(key, "an object on disk failed its checksum; dropping it");
+            self.remove(key);
+        }
+        result
+    }
+}
+
+/// Opens the backend named in `config` in its storage path (which must exist) under
+/// `limits`, doing its I/O through `io`, and rebuilds its index from disk.
+pub fn open_backend(
+    config: &OffloadConfig,
+    limits: Limits,
+    io: Arc<IoEngine>,
+) -> Result<(Box<dyn StorageBackend>, RecoveryReport), StoreError> {
+    let (dir, policy) = (config.path.as_path(), config.eviction_policy);
+    match config.backend {
+        BackendKind::Bucket => {
+            let (store, report) = crate::bucket::BucketStore::open_with(dir, limits, policy, io)?;
+            Ok((Box::new(store), report))
+        }
+        BackendKind::FilePerKey => {
+            let fsdir = Path::new(&config.fsdir);
+            let single = fsdir.components().count() == 1
+                && matches!(fsdir.components().next(), Some(Component::Normal(_)));
+            if !single {
+                return Err(StoreError::Invalid(format!(
+                    "MOONCAKE_OFFLOAD_FSDIR={:?} must be one directory name (no '/', no '..')",
+                    config.fsdir
+                )));
+            }
+            let (store, report) = crate::file_per_key::FilePerKeyStore::open_in(
+                &dir.join(fsdir),
+                limits,
+                policy,
+                io,
+            )?;
+            Ok((Box::new(store), report))
+        }
+        BackendKind::OffsetAllocator => {
+            let (store, report) =
+                crate::offset_allocator::OffsetAllocatorStore::open(dir, limits, policy, io)?;
+            Ok((Box::new(store), report))
+        }
+        BackendKind::DistributedKv => {
+            Err(StoreError::Unsupported("distributed_kv_storage_backend"))
+        }
+    }
+}
+
+/// Checks a batch before writing it: not empty, keys of 1 to [`MAX_KEY_LEN`] bytes,
+/// values not empty, no key twice and none already stored (`stored`).
+pub(crate) fn check_batch(
+    objects: &[(&str, &[u8])],
+    stored: impl Fn(&str) -> bool,
+) -> Result<(), StoreError> {
+    if objects.is_empty() {
+        return Err(StoreError::Invalid("empty batch".into()));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (key, value) in objects {
+        if key.is_empty() || key.len() > MAX_KEY_LEN as usize {
+            return Err(StoreError::Invalid(format!(
+                "key of {} bytes (1 to {MAX_KEY_LEN})",
+                key.len()
+            )));
+        }
+        if value.is_empty() {
+            return Err(StoreError::Invalid(format!("{key:?} has an empty value")));
+        }
+        if stored(key) || !seen.insert(*key) {
+            return Err(StoreError::AlreadyExists((*key).to_string()));
+        }
+    }
+    Ok(())
+}
+
+/// Appends the record of `key` and `value` to `out`.
+pub(crate) fn append_record(out: &mut Vec<u8>, key: &str, value: &[u8]) {
+    out.extend_from_slice(&record::header(key.as_bytes(), value));
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(value);
+}
+
+/// Bytes of the record of `key` and `value`.
+pub(crate) fn record_len(key: &str, value: &[u8]) -> u64 {
+    (HEADER_LEN + key.len()) as u64 + value.len() as u64
+}
+
+/// Opens `path` for reading and writing, creating it when missing.
+pub(crate) fn open_rw(path: &Path) -> Result<File, StoreError> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(io_error("open", path))
+}
+
+/// Creates `path`, writes `bytes` and syncs them.
+pub(crate) fn write_synced(io: &IoEngine, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let file = File::create(path).map_err(io_error("create", path))?;
+    io.write_all_at(&file, bytes, 0)
+        .map_err(io_error("write", path))?;
+    io.sync_data(&file).map_err(io_error("sync", path))
+}
+
+/// Syncs a directory, so that renames and new entries in it survive a crash.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_error("sync", dir))
+}
+
+/// Deletes `path`; a file already gone is fine, other failures are logged.
+pub(crate) fn delete_file(path: &Path) {
+    if let Err(error) = std::fs::remove_file(path)
+        && error.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), %error, "cannot delete an SSD-tier file");
+    }
+}
+
+/// Reads the record at `offset` of `file` back whole and checks its header and
+/// checksum. `Some((key, value length))` when it is valid (and, with `expect`, holds
+/// that key and value length).
+pub(crate) fn check_record(
+    file: &File,
+    offset: u64,
+    expect: Option<(&str, u64)>,
+    buffer: &mut Vec<u8>,
+) -> Option<(String, u64)> {
+    let mut head = [0u8; HEADER_LEN];
+    file.read_exact_at(&mut head, offset).ok()?;
+    let header = Header::parse(&head).ok()?;
+    if let Some((key, value_len)) = expect
+        && (key.len() != header.key_len as usize || value_len != header.value_len)
+    {
+        return None;
+    }
+    let len = usize::try_from(header.record_len()).ok()?;
+    buffer.resize(len, 0);
+    file.read_exact_at(buffer, offset).ok()?;
+    let (key, value) = buffer[HEADER_LEN..].split_at(header.key_len as usize);
+    header.verify(key, value).ok()?;
+    let key = std::str::from_utf8(key).ok()?;
+    if expect.is_some_and(|(expected, _)| expected != key) {
+        return None;
+    }
+    Some((key.to_string(), header.value_len))
+}
+
+/// Logs recovery progress every few seconds for stores with many objects.
+pub(crate) struct Progress {
+    what: &'static str,
+    started: Instant,
+    last: Instant,
+    done: u64,
+}
+
+impl Progress {
+    /// Starts counting the recovery of `what`.
+    pub(crate) fn new(what: &'static str) -> Self {
+        let now = Instant::now();
+        Progress {
+            what,
+            started: now,
+            last: now,
+            done: 0,
+        }
+    }
+
+    /// One more record checked.
+    pub(crate) fn step(&mut self) {
+        self.done += 1;
+        if self.done.is_multiple_of(1024) && self.last.elapsed() >= Duration::from_secs(2) {
+            self.last = Instant::now();
+            tracing::info!(
+                backend = self.what,
+                records = self.done,
+                seconds = self.started.elapsed().as_secs(),
+                "SSD tier recovery in progress"
+            );
+        }
+    }
+}
