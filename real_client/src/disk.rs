@@ -18,6 +18,7 @@ use mooncake_offload::backend::{
 use mooncake_offload::config::{OffloadConfig, validate_path};
 use mooncake_offload::io::IoEngine;
 
+use crate::disk_staging::{StagedBytes, StagingPool};
 use crate::master_link::MasterLink;
 use crate::server::ServerState;
 use crate::store::Store;
@@ -27,6 +28,8 @@ use crate::store::Store;
 pub struct DiskTier {
     store: Mutex<Box<dyn StorageBackend>>,
     config: OffloadConfig,
+    /// Where reads served to peers land before they are sent.
+    staging: StagingPool,
 }
 
 /// Why the tier could not start.
@@ -89,6 +92,7 @@ impl DiskTier {
         Ok((
             DiskTier {
                 store: Mutex::new(store),
+                staging: StagingPool::new(config.local_buffer_size),
                 config,
             },
             report,
@@ -105,21 +109,32 @@ impl DiskTier {
         self.store.lock().objects()
     }
 
-    /// Reads `key`'s value; a corrupt record is dropped and reported as not found.
-    pub fn read(&self, key: &str) -> CodeResult<Vec<u8>> {
+    /// Reads `key`'s value into the start of `dest` (for a local reader: straight into
+    /// its destination); returns the value's length. A corrupt record is dropped and
+    /// reported as not found.
+    pub fn read_into(&self, key: &str, dest: &mut [u8]) -> CodeResult<u64> {
         let plan = self.store.lock().locate(key).map_err(|e| code(&e))?;
-        let mut value =
-            vec![0u8; usize::try_from(plan.len()).map_err(|_| ErrorCode::INVALID_PARAMS)?];
-        match plan.read_into(&mut value) {
-            Ok(_) => Ok(value),
-            Err(error) => {
-                if matches!(error, StoreError::Corrupt(_)) {
-                    tracing::warn!(key, %error, "dropping a corrupt object from the SSD tier");
-                    self.store.lock().remove(key);
-                }
-                Err(code(&error))
-            }
+        plan.read_into(dest)
+            .map_err(|error| self.failed_read(key, &error))
+    }
+
+    /// Reads `key`'s value into a block of the staging buffer, leased until the
+    /// returned bytes are dropped (for serving a peer).
+    pub fn read_staged(&self, key: &str) -> CodeResult<StagedBytes<'_>> {
+        let plan = self.store.lock().locate(key).map_err(|e| code(&e))?;
+        let mut staged = self.staging.lease(plan.len())?;
+        plan.read_into(&mut staged)
+            .map_err(|error| self.failed_read(key, &error))?;
+        Ok(staged)
+    }
+
+    /// Drops `key` when its record turned out corrupt; the read's error code.
+    fn failed_read(&self, key: &str, error: &StoreError) -> ErrorCode {
+        if matches!(error, StoreError::Corrupt(_)) {
+            tracing::warn!(key, %error, "dropping a corrupt object from the SSD tier");
+            self.store.lock().remove(key);
         }
+        code(error)
     }
 
     /// Deletes `key`'s copy.

@@ -18,6 +18,7 @@
 
 pub mod config;
 pub mod disk;
+pub mod disk_staging;
 pub mod handshake;
 pub mod in_process;
 mod liveness;

@@ -371,7 +371,7 @@ impl Store {
         pieces: &[(u64, MemSlice)],
         stored_key: &str,
     ) -> CodeResult<()> {
-        let from_value = |value: Vec<u8>| -> CodeResult<()> {
+        let from_value = |value: &[u8]| -> CodeResult<()> {
             if value.len() as u64 != replica.size {
                 return Err(ErrorCode::TRANSFER_FAIL);
             }
@@ -384,14 +384,25 @@ impl Store {
             }
             Ok(())
         };
+        // The whole object into one destination: disk reads land there directly.
+        let whole = match pieces {
+            [(0, dest)] if dest.len() as u64 == replica.size => Some(dest),
+            _ => None,
+        };
         match self.place(replica)? {
             Place::LocalDisk => {
                 let disk = self.disk.as_ref().ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-                from_value(transfer_blocking(|| disk.read(stored_key))?)
+                transfer_blocking(|| match whole {
+                    Some(dest) => dest
+                        .fill_with(|bytes| disk.read_into(stored_key, bytes))
+                        .map(|_| ()),
+                    None => from_value(&disk.read_staged(stored_key)?),
+                })
             }
-            Place::RemoteDisk { endpoint } => from_value(transfer_blocking(|| {
-                self.transfers.read_disk(endpoint, stored_key)
-            })?),
+            Place::RemoteDisk { endpoint } => transfer_blocking(|| match whole {
+                Some(dest) => self.transfers.read_disk_into(endpoint, stored_key, dest),
+                None => from_value(&self.transfers.read_disk(endpoint, stored_key)?),
+            }),
             Place::Local(source) => {
                 for (offset, dest) in pieces {
                     let part = source

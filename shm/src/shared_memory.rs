@@ -322,6 +322,15 @@ impl MemSlice {
         unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
     }
 
+    /// Runs `fill` on the slice's bytes as a mutable slice (for writers that produce
+    /// bytes in place, like a file read), and returns what it returns.
+    pub fn fill_with<R>(&self, fill: impl FnOnce(&mut [u8]) -> R) -> R {
+        // SAFETY: the range was bounds-checked against a mapping this slice keeps
+        // alive; as for `write_from`, the range is this slice's holder's to write.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) };
+        fill(bytes)
+    }
+
     /// Copies this slice into a new vector.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut out = vec![0u8; self.len];

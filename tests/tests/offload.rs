@@ -86,6 +86,22 @@ fn only_on_disk(client: &DummyClient, key: &str) -> bool {
     })
 }
 
+/// Waits (10 s at most) until `key` reads back as `value(i, 1 MiB)`.
+fn comes_back(client: &DummyClient, key: &str, i: usize) -> bool {
+    eventually(Duration::from_secs(10), || {
+        client.get(key).is_ok_and(|v| v == value(i, 1 << 20))
+    })
+}
+
+/// Asserts that `key` reads as not found.
+fn assert_gone(client: &DummyClient, key: &str, why: &str) {
+    assert_eq!(
+        client.get(key).map(|_| ()),
+        Err(ErrorCode::OBJECT_NOT_FOUND),
+        "{key}: {why}"
+    );
+}
+
 /// Puts `count` objects of 1 MiB named `<prefix><i>` on `node` and waits until they
 /// are all on its disk.
 fn put_and_offload(client: &DummyClient, node: &RealClientProcess, prefix: &str, count: usize) {
@@ -197,14 +213,14 @@ fn evicted_objects_survive(backend: &str, uring: bool) {
     drop(via_a);
     a.restart();
     let via_a = dummy(&a);
-    let back = eventually(Duration::from_secs(10), || {
-        via_a.get("first-2").is_ok_and(|v| v == value(2, 1 << 20))
-    });
-    assert!(back, "{backend}: the node's disk did not come back");
-    assert_eq!(
-        via_a.get("first-3").map(|_| ()),
-        Err(ErrorCode::OBJECT_NOT_FOUND),
-        "{backend}: a removed object came back after a restart"
+    assert!(
+        comes_back(&via_a, "first-2", 2),
+        "{backend}: the node's disk did not come back"
+    );
+    assert_gone(
+        &via_a,
+        "first-3",
+        "a removed object came back after a restart",
     );
 }
 
@@ -256,19 +272,8 @@ fn dir_bytes(dir: &TempDir) -> u64 {
 fn the_disk_quota_holds_and_fifo_evicts_the_oldest_bucket_first() {
     let dir = TempDir::new("quota");
     let master = MasterProcess::start(&["--enable_offload=true"]);
-    let quota = 5 * (1u64 << 20) + (1 << 19);
-    let node = RealClientProcess::join_with_env(
-        &master,
-        "64MB",
-        &["--enable_offload=true"],
-        &[
-            ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", dir.path()),
-            ("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1"),
-            ("MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT", "2"),
-            ("MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE", &quota.to_string()),
-            ("MOONCAKE_OFFLOAD_BUCKET_EVICTION_POLICY", "fifo"),
-        ],
-    );
+    let quota = SMALL_DISK;
+    let node = small_disk_node(&master, &dir, "64MB", "fifo");
     let client = dummy(&node);
     for wave in 0..6 {
         put_and_offload(&client, &node, &format!("w{wave}-"), 2);
@@ -284,4 +289,130 @@ fn the_disk_quota_holds_and_fifo_evicts_the_oldest_bucket_first() {
     assert!(!on_disk(&client, "w3-0"));
     assert!(on_disk(&client, "w4-0") && on_disk(&client, "w5-1"));
     assert!(client.get("w0-0").expect("in memory") == value(0, 1 << 20));
+}
+
+/// A disk quota of two buckets of two 1 MiB objects.
+const SMALL_DISK: u64 = 5 * (1 << 20) + (1 << 19);
+
+/// A node whose disk holds two buckets of two 1 MiB objects, evicting by `policy`.
+fn small_disk_node(
+    master: &MasterProcess,
+    dir: &TempDir,
+    segment: &str,
+    policy: &str,
+) -> RealClientProcess {
+    let quota = SMALL_DISK;
+    RealClientProcess::join_with_env(
+        master,
+        segment,
+        &["--enable_offload=true"],
+        &[
+            ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", dir.path()),
+            ("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1"),
+            ("MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT", "2"),
+            ("MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE", &quota.to_string()),
+            ("MOONCAKE_OFFLOAD_BUCKET_EVICTION_POLICY", policy),
+        ],
+    )
+}
+
+#[test]
+fn lru_evicts_the_bucket_read_least_recently() {
+    let dir = TempDir::new("lru");
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let mut node = small_disk_node(&master, &dir, "64MB", "lru");
+    let client = dummy(&node);
+    put_and_offload(&client, &node, "w0-", 2);
+    put_and_offload(&client, &node, "w1-", 2);
+    // After a kill -9 the objects are on disk only; reading w0 makes w1 the bucket
+    // read least recently (fifo would evict w0, the oldest).
+    drop(client);
+    node.restart();
+    let client = dummy(&node);
+    assert!(
+        comes_back(&client, "w0-0", 0),
+        "w0 did not come back from disk"
+    );
+    assert!(client.get("w0-1").expect("w0-1") == value(1, 1 << 20));
+    put_and_offload(&client, &node, "w2-", 2);
+    assert!(
+        on_disk(&client, "w0-0") && on_disk(&client, "w0-1"),
+        "lru evicted the bucket just read"
+    );
+    assert!(
+        !on_disk(&client, "w1-0") && !on_disk(&client, "w1-1"),
+        "lru kept the bucket not read"
+    );
+    assert_gone(
+        &client,
+        "w1-0",
+        "evicted from disk and gone from memory after the restart",
+    );
+}
+
+#[test]
+fn reads_racing_disk_evictions_get_the_right_bytes_or_not_found() {
+    let dir = TempDir::new("race");
+    // Short read leases: objects read all the time must still be able to leave memory.
+    let master = MasterProcess::start(&["--enable_offload=true", "--default_kv_lease_ttl=100ms"]);
+    // A small segment: objects leave memory soon and are read from disk.
+    let node = small_disk_node(&master, &dir, "8MB", "fifo");
+    // The peer reads through the transfer engine; its segment is too small for any
+    // object, so every object lives on the disk node.
+    let peer = RealClientProcess::join(&master, "1MB", &[]);
+    let writer = dummy(&node);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let readers: Vec<_> = [node.address(), peer.address()]
+        .into_iter()
+        .map(|address| {
+            let (stop, written) = (stop.clone(), written.clone());
+            std::thread::spawn(move || {
+                let client = DummyClient::setup_dummy(64 << 20, 8 << 20, Some(&address))
+                    .expect("setup_dummy");
+                let (mut good, mut gone) = (0, 0);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // The older objects: out of memory by now, read from disk (reading
+                    // the newest ones would hold them in memory under read leases).
+                    let upto = written.load(std::sync::atomic::Ordering::Relaxed);
+                    for i in 0..upto.saturating_sub(6) {
+                        match client.get(&format!("r{i}")) {
+                            Ok(bytes) => {
+                                assert!(bytes == value(i, 1 << 20), "r{i}: wrong bytes");
+                                good += 1;
+                            }
+                            Err(code) => {
+                                assert_eq!(code, ErrorCode::OBJECT_NOT_FOUND, "r{i}");
+                                gone += 1;
+                            }
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                (good, gone)
+            })
+        })
+        .collect();
+    let config = ReplicateConfig {
+        preferred_segment: node.segment_name(),
+        ..ReplicateConfig::default()
+    };
+    for i in 0..40 {
+        let stored = eventually(Duration::from_secs(10), || {
+            writer
+                .put(&format!("r{i}"), &value(i, 1 << 20), &config)
+                .is_ok()
+        });
+        assert!(stored, "r{i} could not be stored");
+        written.store(i + 1, std::sync::atomic::Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for reader in readers {
+        let (good, gone) = reader.join().expect("a reader saw wrong bytes");
+        assert!(
+            good > 0 && gone > 0,
+            "no race was exercised ({good} good, {gone} gone)"
+        );
+    }
 }

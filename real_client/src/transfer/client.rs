@@ -94,19 +94,43 @@ impl TransferClient {
 
     /// Reads the object stored under `key` on the peer's SSD tier.
     pub fn read_disk(&self, endpoint: &str, key: &str) -> CodeResult<Vec<u8>> {
+        let mut value = Vec::new();
+        self.disk_request(endpoint, key, |stream, len| {
+            value = vec![0u8; usize::try_from(len).map_err(|_| ErrorCode::TRANSFER_FAIL)?];
+            std::io::Read::read_exact(stream, &mut value).map_err(|e| disk_io(endpoint, &e))
+        })?;
+        Ok(value)
+    }
+
+    /// Reads the object stored under `key` on the peer's SSD tier straight into `dest`,
+    /// which must be exactly its size.
+    pub fn read_disk_into(&self, endpoint: &str, key: &str, dest: &MemSlice) -> CodeResult<()> {
+        self.disk_request(endpoint, key, |stream, len| {
+            if len != dest.len() as u64 {
+                return Err(ErrorCode::TRANSFER_FAIL);
+            }
+            dest.recv_from(stream).map_err(|e| disk_io(endpoint, &e))
+        })
+    }
+
+    /// Asks the peer for `key` from its SSD tier; `receive` takes the value's length
+    /// and reads the value from the stream.
+    fn disk_request(
+        &self,
+        endpoint: &str,
+        key: &str,
+        receive: impl FnOnce(&mut TcpStream, u64) -> CodeResult<()>,
+    ) -> CodeResult<()> {
         let mut stream = self.checkout(endpoint)?;
-        let io = |e: std::io::Error| {
-            tracing::warn!(endpoint, error = %e, "disk read from a peer failed");
-            ErrorCode::TRANSFER_FAIL
-        };
         let request = Request {
             op: Op::ReadDisk,
             segment: 0,
             offset: 0,
             len: key.len() as u64,
         };
-        std::io::Write::write_all(&mut stream, &request.encode()).map_err(io)?;
-        std::io::Write::write_all(&mut stream, key.as_bytes()).map_err(io)?;
+        std::io::Write::write_all(&mut stream, &request.encode())
+            .and_then(|()| std::io::Write::write_all(&mut stream, key.as_bytes()))
+            .map_err(|e| disk_io(endpoint, &e))?;
         let len = match read_response(&mut stream).map_err(|_| ErrorCode::TRANSFER_FAIL)? {
             Ok(len) => len,
             Err(code) => {
@@ -114,10 +138,10 @@ impl TransferClient {
                 return Err(code);
             }
         };
-        let mut value = vec![0u8; usize::try_from(len).map_err(|_| ErrorCode::TRANSFER_FAIL)?];
-        std::io::Read::read_exact(&mut stream, &mut value).map_err(io)?;
+        // A stream left mid-value is dropped, not reused.
+        receive(&mut stream, len)?;
         self.checkin(endpoint, stream);
-        Ok(value)
+        Ok(())
     }
 
     fn transfer(&self, endpoint: &str, request: Request, local: &MemSlice) -> CodeResult<()> {
@@ -153,4 +177,10 @@ impl TransferClient {
             }
         }
     }
+}
+
+/// Logs a failed disk read from a peer; its error code.
+fn disk_io(endpoint: &str, error: &std::io::Error) -> ErrorCode {
+    tracing::warn!(endpoint, %error, "disk read from a peer failed");
+    ErrorCode::TRANSFER_FAIL
 }

@@ -145,7 +145,7 @@ fn serve_disk_read(
     let mut key = vec![0u8; usize::try_from(key_len).unwrap_or(0)];
     std::io::Read::read_exact(stream, &mut key)?;
     let value = match (disk, std::str::from_utf8(&key)) {
-        (Some(disk), Ok(key)) => disk.read(key),
+        (Some(disk), Ok(key)) => disk.read_staged(key),
         (None, _) => Err(ErrorCode::OBJECT_NOT_FOUND),
         (_, Err(_)) => Err(ErrorCode::INVALID_KEY),
     };
