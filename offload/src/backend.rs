@@ -141,20 +141,9 @@ impl Room {
             && (self.keys as u64).saturating_add(keys) <= self.limits.keys
     }
 
-    /// The same with `freed_bytes` and `freed_keys` given back first.
-    pub(crate) fn fits_after(
-        &self,
-        freed_bytes: u64,
-        freed_keys: usize,
-        bytes: u64,
-        keys: u64,
-    ) -> bool {
-        Room {
-            used: self.used.saturating_sub(freed_bytes),
-            keys: self.keys.saturating_sub(freed_keys),
-            ..*self
-        }
-        .fits(bytes, keys)
+    /// Whether at most `bytes` bytes and `keys` objects are held.
+    pub(crate) fn holds_at_most(&self, bytes: u64, keys: u64) -> bool {
+        self.used <= bytes && self.keys as u64 <= keys
     }
 
     /// The error for a batch of `needed` bytes that does not fit.
@@ -305,6 +294,11 @@ pub trait StorageBackend: Send + std::fmt::Debug {
     /// when that is impossible (policy `none`, or the batch alone above the limits);
     /// nothing is evicted then.
     fn make_room(&mut self, objects: &[(&str, &[u8])]) -> Result<Eviction, StoreError>;
+
+    /// Watermark eviction: takes victims out of the index, by the policy's order, until
+    /// at most `bytes` bytes and `keys` objects remain (none under policy `none`).
+    /// Finished like [`make_room`](Self::make_room)'s.
+    fn shrink_to(&mut self, bytes: u64, keys: u64) -> Eviction;
 
     /// Phase two of eviction: deletes the victims' bytes.
     fn finish_eviction(&mut self, eviction: Eviction);

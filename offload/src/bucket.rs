@@ -173,6 +173,44 @@ impl BucketStore {
         self.dir.join(format!("{id}.meta"))
     }
 
+    /// Takes whole buckets out of the index, by the policy's order, until `done` says
+    /// the room left is enough.
+    fn evict_until(&mut self, done: impl Fn(&Room) -> bool) -> Eviction {
+        let mut order: Vec<(u64, u64)> = self
+            .buckets
+            .iter()
+            .map(|(id, b)| match self.policy {
+                EvictionPolicy::Lru => (b.last_read, *id),
+                _ => (0, *id),
+            })
+            .collect();
+        order.sort_unstable();
+        let mut eviction = Eviction::default();
+        let mut projected = self.room();
+        for (_, id) in order {
+            if done(&projected) {
+                break;
+            }
+            if let Some(bucket) = self.buckets.get(&id) {
+                projected.used -= bucket.bytes;
+                projected.keys -= bucket.live;
+                eviction.units.push(id);
+            }
+        }
+        for id in &eviction.units {
+            if let Some(bucket) = self.buckets.remove(id) {
+                self.used -= bucket.bytes;
+                for key in bucket.keys {
+                    if self.index.get(&key).is_some_and(|l| l.bucket == *id) {
+                        self.index.remove(&key);
+                        eviction.keys.push(key);
+                    }
+                }
+            }
+        }
+        eviction
+    }
+
     /// Writes bucket `id`'s metadata atomically: temporary file, sync, rename.
     fn commit_meta(&self, id: u64, meta: &[u8]) -> Result<(), StoreError> {
         let tmp = self.dir.join(format!("{id}.meta.tmp"));
@@ -238,40 +276,14 @@ impl StorageBackend for BucketStore {
         if self.room().before_eviction(bytes, keys, self.policy)? {
             return Ok(Eviction::default());
         }
-        let mut order: Vec<(u64, u64)> = self
-            .buckets
-            .iter()
-            .map(|(id, b)| match self.policy {
-                EvictionPolicy::Lru => (b.last_read, *id),
-                _ => (0, *id),
-            })
-            .collect();
-        order.sort_unstable();
-        let mut eviction = Eviction::default();
-        let room = self.room();
-        let (mut freed, mut gone) = (0, 0);
-        for (_, id) in order {
-            if room.fits_after(freed, gone, bytes, keys) {
-                break;
-            }
-            if let Some(bucket) = self.buckets.get(&id) {
-                freed += bucket.bytes;
-                gone += bucket.live;
-                eviction.units.push(id);
-            }
+        Ok(self.evict_until(|room| room.fits(bytes, keys)))
+    }
+
+    fn shrink_to(&mut self, bytes: u64, keys: u64) -> Eviction {
+        if self.policy == EvictionPolicy::None {
+            return Eviction::default();
         }
-        for id in &eviction.units {
-            if let Some(bucket) = self.buckets.remove(id) {
-                self.used -= bucket.bytes;
-                for key in bucket.keys {
-                    if self.index.get(&key).is_some_and(|l| l.bucket == *id) {
-                        self.index.remove(&key);
-                        eviction.keys.push(key);
-                    }
-                }
-            }
-        }
-        Ok(eviction)
+        self.evict_until(|room| room.holds_at_most(bytes, keys))
     }
 
     /// Deletes the evicted buckets' files, metadata first, so a crash in between

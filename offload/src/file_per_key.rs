@@ -121,6 +121,23 @@ impl FilePerKeyStore {
         Some(entry)
     }
 
+    /// Takes objects out of the index, by the policy's order, until `done` says the
+    /// room left is enough.
+    fn evict_until(&mut self, done: impl Fn(&Room) -> bool) -> Eviction {
+        let mut eviction = Eviction::default();
+        while !done(&self.room()) {
+            let Some((_, key)) = self.order.pop_first() else {
+                break;
+            };
+            if let Some(entry) = self.index.remove(&key) {
+                self.used -= entry.bytes;
+                eviction.units.push(entry.id);
+                eviction.keys.push(key);
+            }
+        }
+        eviction
+    }
+
     /// Writes one object's file: temporary name, sync, rename.
     fn write_file(&self, id: u64, key: &str, value: &[u8]) -> Result<(), StoreError> {
         let shard = self.shard(id);
@@ -249,18 +266,14 @@ impl StorageBackend for FilePerKeyStore {
         if self.room().before_eviction(bytes, keys, self.policy)? {
             return Ok(Eviction::default());
         }
-        let mut eviction = Eviction::default();
-        while !self.room().fits(bytes, keys) {
-            let Some((_, key)) = self.order.pop_first() else {
-                break;
-            };
-            if let Some(entry) = self.index.remove(&key) {
-                self.used -= entry.bytes;
-                eviction.units.push(entry.id);
-                eviction.keys.push(key);
-            }
+        Ok(self.evict_until(|room| room.fits(bytes, keys)))
+    }
+
+    fn shrink_to(&mut self, bytes: u64, keys: u64) -> Eviction {
+        if self.policy == EvictionPolicy::None {
+            return Eviction::default();
         }
-        Ok(eviction)
+        self.evict_until(|room| room.holds_at_most(bytes, keys))
     }
 
     fn finish_eviction(&mut self, eviction: Eviction) {

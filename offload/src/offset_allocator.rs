@@ -400,6 +400,35 @@ impl OffsetAllocatorStore {
         });
     }
 
+    /// The free space once every eviction under way is finished.
+    fn projected_free(&self) -> Extents {
+        let mut free = self.free.clone();
+        for (offset, extent, _) in &self.evicting {
+            free.release(*offset, *extent);
+        }
+        free
+    }
+
+    /// Takes objects out of the index, by the policy's order, until `done` says the
+    /// room left (and the free space once evictions finish) is enough.
+    fn evict_until(&mut self, done: impl Fn(&Self, &Extents) -> bool) -> Eviction {
+        let mut projected = self.projected_free();
+        let mut eviction = Eviction::default();
+        while !done(self, &projected) {
+            let Some((_, key)) = self.order.pop_first() else {
+                break;
+            };
+            if let Some(entry) = self.index.remove(&key) {
+                self.used -= entry.extent;
+                projected.release(entry.offset, entry.extent);
+                eviction.units.push(entry.offset);
+                self.evicting.push((entry.offset, entry.extent, entry.pin));
+                eviction.keys.push(key);
+            }
+        }
+        eviction
+    }
+
     /// Whether every extent of `sizes` can be placed in `free`.
     fn fits(free: &Extents, sizes: &[u64]) -> bool {
         let mut trial = free.clone();
@@ -472,22 +501,8 @@ impl StorageBackend for OffsetAllocatorStore {
             return Ok(Eviction::default());
         }
         self.room().before_eviction(bytes, keys, self.policy)?;
-        // The victims' extents count as free for the trial: they are once finished.
-        let mut projected = self.free.clone();
-        let mut eviction = Eviction::default();
-        while !room(self, &projected) {
-            let Some((_, key)) = self.order.pop_first() else {
-                break;
-            };
-            if let Some(entry) = self.index.remove(&key) {
-                self.used -= entry.extent;
-                projected.release(entry.offset, entry.extent);
-                eviction.units.push(entry.offset);
-                self.evicting.push((entry.offset, entry.extent, entry.pin));
-                eviction.keys.push(key);
-            }
-        }
-        if !room(self, &projected) {
+        let eviction = self.evict_until(|store, free| room(store, free));
+        if !room(self, &self.projected_free()) {
             // Even an empty store cannot place the batch: leave the victims evicted
             // (the master is told) and report the failure at write time.
             tracing::warn!(
@@ -496,6 +511,13 @@ impl StorageBackend for OffsetAllocatorStore {
             );
         }
         Ok(eviction)
+    }
+
+    fn shrink_to(&mut self, bytes: u64, keys: u64) -> Eviction {
+        if self.policy == EvictionPolicy::None {
+            return Eviction::default();
+        }
+        self.evict_until(|store, _| store.room().holds_at_most(bytes, keys))
     }
 
     fn finish_eviction(&mut self, eviction: Eviction) {

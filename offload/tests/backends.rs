@@ -362,3 +362,32 @@ fn a_read_racing_an_eviction_gets_the_right_bytes_or_not_found() {
         assert_eq!(read(store, "newer").expect("newer"), value(3, 50_000));
     }
 }
+
+#[test]
+fn shrinking_to_a_watermark_evicts_the_oldest_and_none_keeps_everything() {
+    for kind in BACKENDS {
+        for policy in [EvictionPolicy::Fifo, EvictionPolicy::None] {
+            let dir = TempDir::new(&format!("shrink-{policy:?}"), kind);
+            let mut opened = open_with(&dir, kind, Limits::bytes(LIMIT), policy, false);
+            let store = &mut *opened.store;
+            for (seed, key) in (0..).zip(["s0", "s1", "s2", "s3", "s4", "s5"]) {
+                write(store, &[(key, seed)], 20_000);
+            }
+            let full = store.used_bytes();
+            let eviction = store.shrink_to(full / 2, u64::MAX);
+            let evicted = eviction.keys.clone();
+            store.finish_eviction(eviction);
+            if policy == EvictionPolicy::None {
+                assert!(evicted.is_empty(), "{kind:?}");
+                assert_eq!(store.len(), 6, "{kind:?}");
+                continue;
+            }
+            assert_eq!(evicted, ["s0", "s1", "s2"], "{kind:?}: oldest first");
+            assert!(store.used_bytes() <= full / 2, "{kind:?}");
+            let eviction = store.shrink_to(u64::MAX, 1);
+            assert_eq!(eviction.keys, ["s3", "s4"], "{kind:?}: down to one key");
+            store.finish_eviction(eviction);
+            assert_eq!(read(store, "s5").expect("s5"), value(5, 20_000));
+        }
+    }
+}

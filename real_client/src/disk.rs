@@ -180,6 +180,48 @@ impl DiskTier {
     }
 }
 
+impl DiskTier {
+    /// Watermark eviction: above the high watermark of the byte or key limit, evicts
+    /// down to the low one (the master is told first, as for any disk eviction).
+    async fn evict_to_watermark(&self, master: &MasterLink, client: u128) -> CodeResult<()> {
+        if !self.config.watermark_eviction {
+            return Ok(());
+        }
+        let eviction = {
+            let mut store = self.store.lock();
+            let room = store.room();
+            let mark = |limit: u64, ratio: f64| {
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    clippy::cast_precision_loss,
+                    reason = "a fraction of a limit"
+                )]
+                let value = (limit as f64 * ratio) as u64;
+                value
+            };
+            let (high, low) = (self.config.high_watermark, self.config.low_watermark);
+            let above = room.used > mark(room.limits.bytes, high)
+                || room.keys as u64 > mark(room.limits.keys, high);
+            if !above {
+                return Ok(());
+            }
+            store.shrink_to(mark(room.limits.bytes, low), mark(room.limits.keys, low))
+        };
+        if eviction.keys.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(
+            objects = eviction.keys.len(),
+            "SSD tier above its high watermark: evicting"
+        );
+        let told = master.disk_evicted(client, eviction.keys.clone()).await;
+        // Out of the index already: deleted either way (see `write_bucket`).
+        self.store.lock().finish_eviction(eviction);
+        told
+    }
+}
+
 /// Registers the tier with the master and reports every object on disk, in batches.
 pub async fn register(disk: &DiskTier, master: &MasterLink, client: u128) -> CodeResult<()> {
     master.enable_offload(client).await?;
@@ -231,6 +273,9 @@ async fn offload_round(
     master: &MasterLink,
     client: u128,
 ) -> CodeResult<()> {
+    if let Err(code) = disk.evict_to_watermark(master, client).await {
+        tracing::warn!(%code, "cannot tell the master about a watermark eviction");
+    }
     let max = u32::try_from(disk.config.bucket_keys_limit)
         .unwrap_or(u32::MAX)
         .saturating_mul(4);

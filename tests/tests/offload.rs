@@ -416,3 +416,35 @@ fn reads_racing_disk_evictions_get_the_right_bytes_or_not_found() {
         );
     }
 }
+
+#[test]
+fn above_the_high_watermark_the_disk_is_evicted_down_to_the_low_one() {
+    let dir = TempDir::new("watermark");
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let quota = 10u64 << 20;
+    let node = RealClientProcess::join_with_env(
+        &master,
+        "64MB",
+        &["--enable_offload=true"],
+        &[
+            ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", dir.path()),
+            ("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1"),
+            ("MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT", "1"),
+            ("MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE", &quota.to_string()),
+            ("MOONCAKE_OFFLOAD_DISK_EVICTION_HIGH_WATERMARK_RATIO", "0.6"),
+            ("MOONCAKE_OFFLOAD_DISK_EVICTION_LOW_WATERMARK_RATIO", "0.25"),
+        ],
+    );
+    let client = dummy(&node);
+    // Six 1 MiB objects (and their metadata): under the quota, above its high
+    // watermark (6 MiB), which five of them stay under.
+    put_and_offload(&client, &node, "m", 6);
+    let evicted = eventually(Duration::from_secs(5), || dir_bytes(&dir) <= quota / 4);
+    assert!(evicted, "{} bytes still on disk", dir_bytes(&dir));
+    assert!(
+        !on_disk(&client, "m0") && !on_disk(&client, "m3"),
+        "oldest first"
+    );
+    assert!(on_disk(&client, "m5"), "the newest stays");
+    assert!(client.get("m0").expect("still in memory") == value(0, 1 << 20));
+}
