@@ -147,7 +147,14 @@ pub static FLAGS: &[FlagSpec] = &[
         kind: FlagKind::Bool,
         env: Some("MOONCAKE_OFFLOAD_ENABLED"),
         default: Some("false"),
-        help: "enable the SSD tier (not available yet)",
+        help: "enable the SSD tier (settings: MOONCAKE_OFFLOAD_*)",
+    },
+    FlagSpec {
+        name: "offload_on_evict",
+        kind: FlagKind::Bool,
+        env: None,
+        default: Some("false"),
+        help: "with --enable_offload and the embedded master: write objects to the SSD tier when they are chosen for eviction, not when written",
     },
     FlagSpec {
         name: "log_level",
@@ -307,6 +314,7 @@ impl RealClientConfig {
             master: MasterConfig {
                 default_kv_lease_ttl: lease,
                 enable_offload: offload.is_some(),
+                offload_on_evict: flags.bool("offload_on_evict")?,
                 ..MasterConfig::default()
             },
             offload,

@@ -448,3 +448,43 @@ fn above_the_high_watermark_the_disk_is_evicted_down_to_the_low_one() {
     assert!(on_disk(&client, "m5"), "the newest stays");
     assert!(client.get("m0").expect("still in memory") == value(0, 1 << 20));
 }
+
+#[test]
+fn with_offload_on_evict_only_objects_leaving_memory_are_written() {
+    let dir = TempDir::new("on-evict");
+    let master = MasterProcess::start(&["--enable_offload=true", "--offload_on_evict=true"]);
+    let node = disk_node_with(&master, "8MB", &dir, BUCKETS, false);
+    let client = dummy(&node);
+    let config = ReplicateConfig {
+        preferred_segment: node.segment_name(),
+        ..ReplicateConfig::default()
+    };
+    let put = |i: usize| {
+        let stored = eventually(Duration::from_secs(10), || {
+            client
+                .put(&format!("e{i}"), &value(i, 1 << 20), &config)
+                .is_ok()
+        });
+        assert!(stored, "e{i} could not be stored");
+    };
+    for i in 0..3 {
+        put(i);
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        (0..3).all(|i| !on_disk(&client, &format!("e{i}"))),
+        "objects were written before memory ran out"
+    );
+    // Three times the segment: the first objects leave memory through the disk.
+    for i in 3..24 {
+        put(i);
+    }
+    assert!(only_on_disk(&client, "e0"), "e0 did not move to disk");
+    assert!(
+        !on_disk(&client, "e23"),
+        "the newest object was written early"
+    );
+    for i in [0, 1, 2] {
+        assert!(client.get(&format!("e{i}")).expect("from disk") == value(i, 1 << 20));
+    }
+}

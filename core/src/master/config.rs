@@ -60,6 +60,9 @@ pub struct MasterConfig {
     pub processing_task_timeout: Duration,
     /// Real clients may keep copies of objects on their SSD tier (`--enable_offload`).
     pub enable_offload: bool,
+    /// Objects reach the SSD tier when chosen for eviction, not when written
+    /// (`--offload_on_evict`).
+    pub offload_on_evict: bool,
     /// Longest accepted key in bytes (4096).
     pub max_key_len: usize,
     /// Number of metadata shards, each with its own lock (64).
@@ -81,6 +84,7 @@ impl Default for MasterConfig {
             pending_task_timeout: Duration::from_secs(300),
             processing_task_timeout: Duration::from_secs(300),
             enable_offload: false,
+            offload_on_evict: false,
             allocation_strategy: AllocationStrategy::Random,
             max_key_len: MAX_KEY_LEN,
             shard_count: 64,

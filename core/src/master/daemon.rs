@@ -192,6 +192,13 @@ pub static FLAGS: &[FlagSpec] = &[
         help: "let real clients with --enable_offload keep copies of objects on their SSD tier",
     },
     FlagSpec {
+        name: "offload_on_evict",
+        kind: FlagKind::Bool,
+        env: None,
+        default: Some("false"),
+        help: "with --enable_offload: write objects to the SSD tier when they are chosen for eviction, not when written",
+    },
+    FlagSpec {
         name: "enable_http_metadata_server",
         kind: FlagKind::Bool,
         env: None,
@@ -319,6 +326,7 @@ impl MasterDaemonConfig {
             pending_task_timeout: seconds(flags, "pending_task_timeout_sec")?,
             processing_task_timeout: seconds(flags, "processing_task_timeout_sec")?,
             enable_offload: flags.bool("enable_offload")?,
+            offload_on_evict: flags.bool("offload_on_evict")?,
             allocation_strategy,
             ..MasterConfig::default()
         };

@@ -22,6 +22,9 @@ pub struct EvictionReport {
     pub objects: u64,
     /// Bytes freed (replica bytes, all replicas counted).
     pub bytes: u64,
+    /// Objects queued for the SSD tier instead (`--offload_on_evict`); their bytes are
+    /// freed once they are written.
+    pub offloading: u64,
 }
 
 /// What one maintenance pass did.
@@ -60,6 +63,7 @@ impl MasterService {
             let second = self.evict_pass(target - report.bytes, now, true);
             report.objects += second.objects;
             report.bytes += second.bytes;
+            report.offloading += second.offloading;
         }
         if report.objects > 0 {
             self.evicted_objects
@@ -96,6 +100,15 @@ impl MasterService {
                 .get(&key)
                 .is_some_and(|e| evictable(e, now, soft_pinned))
             {
+                continue;
+            }
+            // With --offload_on_evict, the victim goes to disk first (its bytes count
+            // toward the target: they are freed once written).
+            if let Some(entry) = shard.get_mut(&key)
+                && self.offload_instead_of_evicting(&key, entry)
+            {
+                report.bytes += replica_bytes(entry);
+                report.offloading += 1;
                 continue;
             }
             if let Some(entry) = shard.remove(&key) {

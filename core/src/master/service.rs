@@ -434,7 +434,9 @@ impl MasterService {
         // A disk copy of the replaced version is stale (dropped before the new version
         // is queued, so its deletion reaches the disk first).
         self.drop_disk_copy(key);
-        if let Some(owner) = owner {
+        if let Some(owner) = owner
+            && !self.config.offload_on_evict
+        {
             self.queue_offload(key, size, owner);
         }
         Ok(())

@@ -18,6 +18,7 @@ use crate::error::{CodeResult, ErrorCode};
 use crate::types::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus};
 
 use super::MasterService;
+use crate::master::objects::ObjectEntry;
 
 /// Where an object's disk copy is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +91,30 @@ impl MasterService {
             queue.work.store.push((key.to_string(), size));
             entry.set_offload_pending(true);
         }
+    }
+
+    /// With `--offload_on_evict`: queues an object chosen for eviction for the SSD tier
+    /// of its owner instead of dropping it, when it has no disk copy yet and the owner
+    /// has a tier. It leaves memory once written. Returns whether it was queued.
+    pub(crate) fn offload_instead_of_evicting(&self, key: &str, entry: &mut ObjectEntry) -> bool {
+        if !(self.config.enable_offload && self.config.offload_on_evict)
+            || self.disk_copy(key).is_some()
+        {
+            return false;
+        }
+        let Some((size, owner)) = entry.readable.as_ref().and_then(|v| {
+            let owner = v.replicas.iter().next()?.segment.owner;
+            Some((v.size, owner))
+        }) else {
+            return false;
+        };
+        let mut queues = self.offload.lock();
+        let Some(queue) = queues.get_mut(&owner) else {
+            return false;
+        };
+        queue.work.store.push((key.to_string(), size));
+        entry.set_offload_pending(true);
+        true
     }
 
     /// Lets `key` leave memory again (its SSD tier write ended, or will not happen).

@@ -709,3 +709,41 @@ fn objects_on_disk_outlive_memory_eviction() {
     master.remove_client(1);
     assert_eq!(master.exist("w"), Ok(false));
 }
+
+#[test]
+fn with_offload_on_evict_objects_reach_the_disk_only_when_chosen_for_eviction() {
+    let config = MasterConfig {
+        enable_offload: true,
+        offload_on_evict: true,
+        ..MasterConfig::default()
+    };
+    let clock = Clock::manual();
+    let master = MasterService::new(config, clock.clone());
+    master.mount_segment("a", 2048, 1, "a:1").expect("mount");
+    master.enable_offload(1).expect("enable");
+    put(&master, "k", 1000).expect("put");
+    clock.advance(Duration::from_millis(1));
+    put(&master, "x", 1000).expect("put");
+    assert!(
+        master.offload_fetch(1, 16).expect("work").store.is_empty(),
+        "nothing is queued when written"
+    );
+    // Memory is full: the oldest object is chosen, queued for the disk, and stays
+    // in memory (the write waits) until the node has written it.
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(put(&master, "y", 1000), Err(ErrorCode::NO_AVAILABLE_HANDLE));
+    let work = master.offload_fetch(1, 16).expect("work");
+    assert_eq!(work.store, vec![("k".to_string(), 1000)]);
+    assert_eq!(master.object_size("k"), Ok(1000));
+    master.offload_done(1, &work.store).expect("done");
+    put(&master, "y", 1000).expect("room once k is on disk");
+    let (replicas, _) = master.get_replica_list("k").expect("on disk");
+    assert!(matches!(
+        replicas[0].location,
+        crate::types::ReplicaLocation::Disk { .. }
+    ));
+    assert!(
+        master.offload_fetch(1, 16).expect("work").store.is_empty(),
+        "x was not needed and stays memory-only"
+    );
+}
