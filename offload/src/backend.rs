@@ -223,7 +223,8 @@ impl ReadPlan {
     }
 
     /// Reads the value into the start of `dest` and checks the record's key and
-    /// checksum; returns the value's length.
+    /// checksum; returns the value's length. With io_uring the record is read with
+    /// O_DIRECT in one operation.
     pub fn read_into(&self, dest: &mut [u8]) -> Result<u64, StoreError> {
         let need = self.value_len;
         if (dest.len() as u64) < need {
@@ -232,25 +233,51 @@ impl ReadPlan {
                 have: dest.len() as u64,
             });
         }
+        let value = &mut dest[..usize::try_from(need).unwrap_or(usize::MAX)];
+        let record_len = HEADER_LEN + self.key.len() + value.len();
+        let direct = self
+            .io
+            .read_direct(&self.path, self.offset, record_len, |record| {
+                let (head, body) = record.split_at(HEADER_LEN + self.key.len());
+                value.copy_from_slice(body);
+                self.check(head, value)
+            });
+        match direct {
+            Some(Ok(checked)) => checked,
+            Some(Err(error)) if error.kind() == std::io::ErrorKind::NotFound => {
+                Err(StoreError::NotFound)
+            }
+            Some(Err(_)) => Err(StoreError::Corrupt(record::RecordError::Truncated)),
+            None => self.read_buffered(value),
+        }
+    }
+
+    /// [`read_into`](Self::read_into) through the page cache: header and key, then
+    /// the value.
+    fn read_buffered(&self, value: &mut [u8]) -> Result<u64, StoreError> {
         let file = File::open(&self.path).map_err(|_| StoreError::NotFound)?;
         let mut head = vec![0u8; HEADER_LEN + self.key.len()];
         let truncated = |_| StoreError::Corrupt(record::RecordError::Truncated);
         self.io
             .read_exact_at(&file, &mut head, self.offset)
             .map_err(truncated)?;
-        let header = Header::parse(&head).map_err(StoreError::Corrupt)?;
-        if &head[HEADER_LEN..] != self.key.as_bytes() || header.value_len != need {
-            // Another record now: the object is gone.
-            return Err(StoreError::NotFound);
-        }
-        let value = &mut dest[..usize::try_from(need).unwrap_or(usize::MAX)];
         self.io
             .read_exact_at(&file, value, self.offset + head.len() as u64)
             .map_err(truncated)?;
+        self.check(&head, value)
+    }
+
+    /// Checks a record read back: its header, that it holds this plan's key (another
+    /// record now means the object is gone) and its checksum.
+    fn check(&self, head: &[u8], value: &[u8]) -> Result<u64, StoreError> {
+        let header = Header::parse(head).map_err(StoreError::Corrupt)?;
+        if &head[HEADER_LEN..] != self.key.as_bytes() || header.value_len != self.value_len {
+            return Err(StoreError::NotFound);
+        }
         header
             .verify(&head[HEADER_LEN..], value)
             .map_err(StoreError::Corrupt)?;
-        Ok(need)
+        Ok(self.value_len)
     }
 }
 

@@ -557,18 +557,24 @@ impl StorageBackend for OffsetAllocatorStore {
             .filter_map(|size| self.free.allocate(*size))
             .collect();
         let data_path = self.data_path();
-        let mut written = Ok(());
-        for ((key, value), offset) in objects.iter().zip(&offsets) {
-            let mut record = Vec::new();
-            append_record(&mut record, key, value);
-            written = self
-                .io
-                .write_all_at(&self.data, &record, *offset)
-                .map_err(io_error("write", &data_path));
-            if written.is_err() {
-                break;
-            }
-        }
+        let records: Vec<Vec<u8>> = objects
+            .iter()
+            .map(|(key, value)| {
+                let mut record =
+                    Vec::with_capacity(usize::try_from(record_len(key, value)).unwrap_or(0));
+                append_record(&mut record, key, value);
+                record
+            })
+            .collect();
+        let writes: Vec<(u64, &[u8])> = offsets
+            .iter()
+            .copied()
+            .zip(records.iter().map(Vec::as_slice))
+            .collect();
+        let written = self
+            .io
+            .write_batch_at(&self.data, &writes)
+            .map_err(io_error("write", &data_path));
         let written = written.and_then(|()| {
             self.io
                 .sync_data(&self.data)

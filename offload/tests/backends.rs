@@ -1,6 +1,7 @@
-//! One suite, every local-disk backend (and both I/O engines): round trips, recovery
-//! after a reopen, damaged files found at recovery, limits and eviction order, removal,
-//! and reads racing an eviction.
+//! One suite, every local-disk backend: round trips, recovery after a reopen, damaged
+//! files found at recovery, limits and eviction order, removal, and reads racing an
+//! eviction. The read paths run with both I/O engines (POSIX, and io_uring with
+//! O_DIRECT reads).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -205,9 +206,10 @@ fn a_bit_flip_and_a_truncation_are_found_at_recovery_and_the_rest_survives() {
 
 #[test]
 fn a_bit_flipped_while_running_is_caught_at_read() {
-    for kind in BACKENDS {
-        let dir = TempDir::new("flip-live", kind);
-        let mut opened = open(&dir, kind);
+    for (kind, uring) in BACKENDS.into_iter().flat_map(|k| [(k, false), (k, true)]) {
+        let dir = TempDir::new(&format!("flip-live-{uring}"), kind);
+        let limits = Limits::bytes(LIMIT);
+        let mut opened = open_with(&dir, kind, limits, EvictionPolicy::Fifo, uring);
         let store = &mut *opened.store;
         write(store, &[("x", 7), ("y", 8)], 3000);
         let (path, at) = find(&dir.0, &value(7, 3000)[..64]);
@@ -337,13 +339,13 @@ fn removal_deletes_the_bytes_and_survives_a_reopen() {
 
 #[test]
 fn a_read_racing_an_eviction_gets_the_right_bytes_or_not_found() {
-    for kind in BACKENDS {
-        let dir = TempDir::new("race", kind);
+    for (kind, uring) in BACKENDS.into_iter().flat_map(|k| [(k, false), (k, true)]) {
+        let dir = TempDir::new(&format!("race-{uring}"), kind);
         let limits = Limits {
             bytes: LIMIT,
             keys: 1,
         };
-        let mut opened = open_with(&dir, kind, limits, EvictionPolicy::Fifo, false);
+        let mut opened = open_with(&dir, kind, limits, EvictionPolicy::Fifo, uring);
         let store = &mut *opened.store;
         write(store, &[("old", 1)], 50_000);
         // A reader looked the key up; then the key is evicted, its bytes deleted and
