@@ -346,19 +346,25 @@ unsafe fn complete(ring: &mut IoUring, entry: &io_uring::squeue::Entry) -> std::
 mod tests {
     use super::*;
 
+    /// A new empty file in the temporary directory, for reading and writing.
+    fn scratch_file(name: &str, uring: bool) -> (std::path::PathBuf, File) {
+        let path =
+            std::env::temp_dir().join(format!("mooncake-io-{name}-{}-{uring}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("open");
+        (path, file)
+    }
+
     #[test]
     fn both_engines_read_what_they_wrote() {
         for use_uring in [false, true] {
             let engine = IoEngine::new(use_uring);
-            let path = std::env::temp_dir()
-                .join(format!("mooncake-io-{}-{use_uring}", std::process::id()));
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .read(true)
-                .write(true)
-                .open(&path)
-                .expect("open");
+            let (path, file) = scratch_file("plain", use_uring);
             let data: Vec<u8> = (0..300_000u32).map(|i| i.to_le_bytes()[1]).collect();
             engine.write_all_at(&file, &data, 4096).expect("write");
             engine.sync_data(&file).expect("sync");
@@ -379,17 +385,7 @@ mod tests {
     fn batched_writes_and_direct_reads_round_trip() {
         for use_uring in [false, true] {
             let engine = IoEngine::new(use_uring);
-            let path = std::env::temp_dir().join(format!(
-                "mooncake-io-batch-{}-{use_uring}",
-                std::process::id()
-            ));
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .read(true)
-                .write(true)
-                .open(&path)
-                .expect("open");
+            let (path, file) = scratch_file("batch", use_uring);
             // 40 writes (more than one submission), one larger than the bounce buffer.
             let pieces: Vec<(u64, Vec<u8>)> = (0..40u64)
                 .zip(0usize..)
