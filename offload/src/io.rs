@@ -5,6 +5,10 @@
 //! forbids the `io_uring_*` system calls, as Docker's default does) the engine logs why
 //! and falls back to POSIX, so enabling io_uring never stops a node from starting.
 //!
+//! The ring lives on a dedicated thread: callers queue operations and wait for their
+//! results; the thread submits everything queued since its last submission at once, so
+//! concurrent callers share submissions.
+//!
 //! With io_uring the engine also submits batches of writes at once
 //! ([`write_batch_at`](IoEngine::write_batch_at)) and reads records with O_DIRECT
 //! ([`read_direct`](IoEngine::read_direct)) through a bounce buffer registered with the
@@ -77,32 +81,157 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// An io_uring and the bounce buffer registered with it (when the locked-memory limit
-/// allowed the registration).
-pub struct Ring {
-    ring: IoUring,
-    fixed: Option<AlignedBuf>,
+/// One operation handed to the ring's thread, with where to send its result.
+struct Job {
+    entry: io_uring::squeue::Entry,
+    done: std::sync::mpsc::SyncSender<std::io::Result<usize>>,
 }
 
-impl Ring {
-    fn new() -> std::io::Result<Self> {
+/// The io_uring of the tier, owned by a dedicated thread that submits every operation
+/// queued since its last submission at once (so concurrent callers share submissions),
+/// and the bounce buffer registered with the ring (when the locked-memory limit
+/// allowed the registration).
+pub struct UringThread {
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    fixed: Option<Mutex<AlignedBuf>>,
+}
+
+impl UringThread {
+    fn start() -> std::io::Result<Self> {
         let ring = IoUring::new(RING_ENTRIES)?;
-        let fixed = AlignedBuf::zeroed(FIXED_BUFFER).and_then(|mut buffer| {
-            let iovec = libc::iovec {
-                iov_base: buffer.as_mut_slice().as_mut_ptr().cast(),
-                iov_len: FIXED_BUFFER,
-            };
-            // SAFETY: the buffer lives in the `Ring` next to the ring and is dropped
-            // after it (field order); the kernel pins it until then.
-            match unsafe { ring.submitter().register_buffers(&[iovec]) } {
-                Ok(()) => Some(buffer),
+        let fixed = register_bounce_buffer(&ring).map(Mutex::new);
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("ssd-io-uring".into())
+            .spawn(move || run_ring(ring, &queue))?;
+        Ok(UringThread {
+            jobs: Some(jobs),
+            thread: Some(thread),
+            fixed,
+        })
+    }
+
+    /// Runs one operation and waits for it; the bytes it moved.
+    ///
+    /// # Safety
+    ///
+    /// Every buffer and file descriptor `entry` refers to must stay valid until this
+    /// returns (it returns only once the kernel completed the operation, or the
+    /// operation was never submitted).
+    unsafe fn run(&self, entry: io_uring::squeue::Entry) -> std::io::Result<usize> {
+        // SAFETY: forwarded from the caller.
+        let pending = unsafe { self.start_one(entry) }?;
+        pending
+            .recv()
+            .map_err(|_| std::io::Error::other("the io_uring thread stopped"))?
+    }
+
+    /// Queues one operation; the receiver gets its result.
+    ///
+    /// # Safety
+    ///
+    /// As for [`run`](Self::run): the caller must wait for the result before the
+    /// buffers and descriptors of `entry` go away.
+    unsafe fn start_one(
+        &self,
+        entry: io_uring::squeue::Entry,
+    ) -> std::io::Result<std::sync::mpsc::Receiver<std::io::Result<usize>>> {
+        let (done, result) = std::sync::mpsc::sync_channel(1);
+        self.jobs
+            .as_ref()
+            .and_then(|jobs| jobs.send(Job { entry, done }).ok())
+            .ok_or_else(|| std::io::Error::other("the io_uring thread stopped"))?;
+        Ok(result)
+    }
+}
+
+impl Drop for UringThread {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread once it has finished what it holds.
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Registers a [`FIXED_BUFFER`]-byte bounce buffer with `ring`; `None` (logged) when
+/// the locked-memory limit forbids it.
+fn register_bounce_buffer(ring: &IoUring) -> Option<AlignedBuf> {
+    let mut buffer = AlignedBuf::zeroed(FIXED_BUFFER)?;
+    let iovec = libc::iovec {
+        iov_base: buffer.as_mut_slice().as_mut_ptr().cast(),
+        iov_len: FIXED_BUFFER,
+    };
+    // SAFETY: the buffer is kept by the `UringThread` that owns (through its thread)
+    // the ring, and dropped only after the thread, and so the ring, has ended.
+    match unsafe { ring.submitter().register_buffers(&[iovec]) } {
+        Ok(()) => Some(buffer),
+        Err(error) => {
+            tracing::warn!(%error, bytes = FIXED_BUFFER, "cannot register the SSD tier's bounce buffer with io_uring (raise `ulimit -l`); reads use temporary buffers");
+            None
+        }
+    }
+}
+
+/// The ring's thread: takes every queued job (up to the ring's depth), submits them
+/// together, waits for all their completions and answers each caller.
+fn run_ring(mut ring: IoUring, queue: &std::sync::mpsc::Receiver<Job>) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while batch.len() < RING_ENTRIES as usize {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut results: Vec<Option<std::io::Result<usize>>> =
+            (0..batch.len()).map(|_| None).collect();
+        let mut submitted = 0;
+        for (index, job) in batch.iter().enumerate() {
+            let entry = job.entry.clone().user_data(index as u64);
+            // SAFETY: each caller keeps the entry's buffers alive until it gets its
+            // result, which is sent only after the completion below.
+            if unsafe { ring.submission().push(&entry) }.is_ok() {
+                submitted += 1;
+            } else {
+                results[index] = Some(Err(std::io::Error::other("io_uring queue full")));
+            }
+        }
+        while submitted > 0 {
+            match ring.submit_and_wait(submitted) {
+                Ok(_) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(error) => {
-                    tracing::warn!(%error, bytes = FIXED_BUFFER, "cannot register the SSD tier's bounce buffer with io_uring (raise `ulimit -l`); reads use temporary buffers");
-                    None
+                    // The operations may still be in flight: their callers must not get
+                    // their buffers back, so they are never answered. Stop serving.
+                    tracing::error!(%error, "io_uring wait failed; the SSD tier's io_uring thread stops");
+                    std::mem::forget(batch);
+                    return;
                 }
             }
-        });
-        Ok(Ring { ring, fixed })
+            for completion in ring.completion() {
+                let result = completion.result();
+                let outcome = if result < 0 {
+                    Err(std::io::Error::from_raw_os_error(-result))
+                } else {
+                    usize::try_from(result).map_err(std::io::Error::other)
+                };
+                if let Some(slot) = usize::try_from(completion.user_data())
+                    .ok()
+                    .and_then(|i| results.get_mut(i))
+                {
+                    *slot = Some(outcome);
+                    submitted -= 1;
+                }
+            }
+        }
+        for (job, result) in batch.into_iter().zip(results) {
+            let _ = job
+                .done
+                .send(result.unwrap_or_else(|| Err(std::io::Error::other("no completion"))));
+        }
     }
 }
 
@@ -110,8 +239,8 @@ impl Ring {
 pub enum IoEngine {
     /// `pread`/`pwrite`/`fdatasync`.
     Posix,
-    /// One io_uring, used by one caller at a time.
-    Uring(Box<Mutex<Ring>>),
+    /// io_uring, on its own thread.
+    Uring(Box<UringThread>),
 }
 
 impl std::fmt::Debug for IoEngine {
@@ -130,10 +259,10 @@ impl IoEngine {
         if !use_uring {
             return IoEngine::Posix;
         }
-        match Ring::new() {
+        match UringThread::start() {
             Ok(ring) => {
                 tracing::info!("SSD tier I/O: io_uring");
-                IoEngine::Uring(Box::new(Mutex::new(ring)))
+                IoEngine::Uring(Box::new(ring))
             }
             Err(error) => {
                 tracing::warn!(%error, "io_uring is not available here; the SSD tier uses pread/pwrite");
@@ -160,8 +289,8 @@ impl IoEngine {
             let entry = opcode::Read::new(fd, at, len)
                 .offset(offset + done as u64)
                 .build();
-            // SAFETY: `buf` and `file` outlive the operation: `complete` waits for it.
-            unsafe { complete(&mut ring.lock().ring, &entry) }
+            // SAFETY: `buf` and `file` outlive the operation: `run` waits for it.
+            unsafe { ring.run(entry) }
         })
     }
 
@@ -175,8 +304,8 @@ impl IoEngine {
             let entry = opcode::Write::new(fd, buf[done..].as_ptr(), len)
                 .offset(offset + done as u64)
                 .build();
-            // SAFETY: `buf` and `file` outlive the operation: `complete` waits for it.
-            unsafe { complete(&mut ring.lock().ring, &entry) }
+            // SAFETY: `buf` and `file` outlive the operation: `run` waits for it.
+            unsafe { ring.run(entry) }
         })
     }
 
@@ -188,12 +317,13 @@ impl IoEngine {
         let entry = opcode::Fsync::new(types::Fd(file.as_raw_fd()))
             .flags(types::FsyncFlags::DATASYNC)
             .build();
-        // SAFETY: `file` outlives the operation: `complete` waits for it.
-        unsafe { complete(&mut ring.lock().ring, &entry) }.map(|_| ())
+        // SAFETY: `file` outlives the operation: `run` waits for it.
+        unsafe { ring.run(entry) }.map(|_| ())
     }
 
     /// Writes every `(offset, bytes)` of `writes` to `file`: with io_uring, up to
-    /// [`RING_ENTRIES`] operations per submission; short writes are finished one by one.
+    /// [`RING_ENTRIES`] operations queued at once (one submission); short writes are
+    /// finished one by one.
     pub fn write_batch_at(&self, file: &File, writes: &[(u64, &[u8])]) -> std::io::Result<()> {
         let IoEngine::Uring(ring) = self else {
             return writes
@@ -202,37 +332,33 @@ impl IoEngine {
         };
         let fd = types::Fd(file.as_raw_fd());
         for chunk in writes.chunks(RING_ENTRIES as usize) {
-            let mut done = vec![0usize; chunk.len()];
-            {
-                let mut ring = ring.lock();
-                let ring = &mut ring.ring;
-                for (index, (offset, bytes)) in chunk.iter().enumerate() {
-                    let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
-                    let entry = opcode::Write::new(fd, bytes.as_ptr(), len)
-                        .offset(*offset)
-                        .build()
-                        .user_data(index as u64);
-                    // SAFETY: the bytes and the file outlive the batch: every
-                    // completion is awaited below before they can be dropped.
-                    unsafe { ring.submission().push(&entry) }
-                        .map_err(|_| std::io::Error::other("io_uring submission queue full"))?;
-                }
-                ring.submit_and_wait(chunk.len())?;
-                for completion in ring.completion() {
-                    let index = usize::try_from(completion.user_data()).unwrap_or(usize::MAX);
-                    let result = completion.result();
-                    if result < 0 {
-                        return Err(std::io::Error::from_raw_os_error(-result));
+            let mut pending = Vec::with_capacity(chunk.len());
+            for (offset, bytes) in chunk {
+                let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+                let entry = opcode::Write::new(fd, bytes.as_ptr(), len)
+                    .offset(*offset)
+                    .build();
+                // SAFETY: `writes` and `file` outlive the operations: every result is
+                // awaited below before this function returns.
+                pending.push(unsafe { ring.start_one(entry) });
+            }
+            let mut failure = None;
+            for ((offset, bytes), started) in chunk.iter().zip(pending) {
+                let written = started.and_then(|result| {
+                    result
+                        .recv()
+                        .map_err(|_| std::io::Error::other("the io_uring thread stopped"))?
+                });
+                match written {
+                    Ok(n) if n < bytes.len() => {
+                        self.write_all_at(file, &bytes[n..], offset + n as u64)?;
                     }
-                    if let Some(slot) = done.get_mut(index) {
-                        *slot = usize::try_from(result).unwrap_or(0);
-                    }
+                    Ok(_) => {}
+                    Err(error) => failure = Some(error),
                 }
             }
-            for ((offset, bytes), written) in chunk.iter().zip(done) {
-                if written < bytes.len() {
-                    self.write_all_at(file, &bytes[written..], offset + written as u64)?;
-                }
+            if let Some(error) = failure {
+                return Err(error);
             }
         }
         Ok(())
@@ -265,31 +391,37 @@ impl IoEngine {
         let start = offset / align * align;
         let skip = usize::try_from(offset - start).unwrap_or(0);
         let window = (skip + len).next_multiple_of(DIRECT_ALIGN);
+        let window_len = u32::try_from(window).ok()?;
         let fd = types::Fd(file.as_raw_fd());
-        let mut ring = ring.lock();
-        let Ring { ring, fixed } = &mut *ring;
+        // The registered buffer, held for the read and the copy out of it.
+        let mut fixed = ring
+            .fixed
+            .as_ref()
+            .filter(|_| window <= FIXED_BUFFER)
+            .map(Mutex::lock);
         let mut temporary = None;
-        let (buffer, fixed_index) = match fixed {
-            Some(buffer) if window <= FIXED_BUFFER => (buffer.as_mut_slice(), Some(0u16)),
-            _ => match AlignedBuf::zeroed(window) {
-                Some(buffer) => (temporary.insert(buffer).as_mut_slice(), None),
-                None => return Some(Err(std::io::Error::other("cannot allocate a read buffer"))),
-            },
+        let (buffer, entry) = match fixed.as_deref_mut() {
+            Some(buffer) => {
+                let buffer = buffer.as_mut_slice();
+                let entry = opcode::ReadFixed::new(fd, buffer.as_mut_ptr(), window_len, 0)
+                    .offset(start)
+                    .build();
+                (buffer, entry)
+            }
+            None => {
+                let Some(buffer) = AlignedBuf::zeroed(window) else {
+                    return Some(Err(std::io::Error::other("cannot allocate a read buffer")));
+                };
+                let buffer = temporary.insert(buffer).as_mut_slice();
+                let entry = opcode::Read::new(fd, buffer.as_mut_ptr(), window_len)
+                    .offset(start)
+                    .build();
+                (buffer, entry)
+            }
         };
-        let Ok(window_len) = u32::try_from(window) else {
-            return None;
-        };
-        let entry = match fixed_index {
-            Some(index) => opcode::ReadFixed::new(fd, buffer.as_mut_ptr(), window_len, index)
-                .offset(start)
-                .build(),
-            None => opcode::Read::new(fd, buffer.as_mut_ptr(), window_len)
-                .offset(start)
-                .build(),
-        };
-        // SAFETY: the buffer (registered or temporary) and the file outlive the
-        // operation: `complete` waits for it.
-        let read = match unsafe { complete(ring, &entry) } {
+        // SAFETY: the buffer (registered and locked, or temporary) and the file outlive
+        // the operation: `run` waits for it.
+        let read = match unsafe { ring.run(entry) } {
             Ok(read) => read,
             Err(error) if error.raw_os_error() == Some(libc::EINVAL) => return None,
             Err(error) => return Some(Err(error)),
@@ -317,29 +449,6 @@ fn repeat_until_done(
         }
     }
     Ok(())
-}
-
-/// Submits one operation and waits for its completion; the bytes it moved.
-///
-/// # Safety
-///
-/// Every buffer and file descriptor `entry` refers to must stay valid until this
-/// returns (it returns only once the kernel completed the operation).
-unsafe fn complete(ring: &mut IoUring, entry: &io_uring::squeue::Entry) -> std::io::Result<usize> {
-    // SAFETY: the caller keeps the entry's buffers alive until completion, awaited below.
-    unsafe { ring.submission().push(entry) }
-        .map_err(|_| std::io::Error::other("io_uring submission queue full"))?;
-    ring.submit_and_wait(1)?;
-    let completion = ring
-        .completion()
-        .next()
-        .ok_or_else(|| std::io::Error::other("io_uring returned no completion"))?;
-    let result = completion.result();
-    if result < 0 {
-        Err(std::io::Error::from_raw_os_error(-result))
-    } else {
-        usize::try_from(result).map_err(std::io::Error::other)
-    }
 }
 
 #[cfg(test)]
@@ -425,5 +534,34 @@ mod tests {
             }
             let _ = std::fs::remove_file(&path);
         }
+    }
+
+    #[test]
+    fn concurrent_callers_share_the_ring_thread() {
+        let engine = std::sync::Arc::new(IoEngine::new(true));
+        let (path, file) = scratch_file("threads", true);
+        let file = std::sync::Arc::new(file);
+        let workers: Vec<_> = (0..4u8)
+            .map(|t| {
+                let (engine, file) = (engine.clone(), file.clone());
+                std::thread::spawn(move || {
+                    for round in 0..50u8 {
+                        let data = vec![t ^ round; 10_000];
+                        let offset = u64::from(t) * 1_000_000 + u64::from(round) * 10_000;
+                        engine.write_all_at(&file, &data, offset).expect("write");
+                        let mut back = vec![0u8; data.len()];
+                        engine
+                            .read_exact_at(&file, &mut back, offset)
+                            .expect("read");
+                        assert!(back == data, "thread {t} round {round}");
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().expect("worker");
+        }
+        drop(engine);
+        let _ = std::fs::remove_file(&path);
     }
 }
