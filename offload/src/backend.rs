@@ -77,6 +77,11 @@ pub enum StoreError {
     },
 }
 
+/// The error for a prepared batch handed to a backend that did not prepare it.
+pub(crate) fn foreign_batch() -> StoreError {
+    StoreError::Invalid("a batch prepared by another backend".into())
+}
+
 /// Maps an I/O error on `path` during `op` to a [`StoreError`].
 pub(crate) fn io_error<'a>(
     op: &'static str,
@@ -194,6 +199,48 @@ impl Eviction {
     /// Number of victims (buckets, files or extents).
     pub fn units(&self) -> usize {
         self.units.len()
+    }
+}
+
+/// A batch checked and given its place by [`StorageBackend::prepare_batch`]. Its bytes
+/// are written by [`write`](Self::write) without holding the backend (reads go on
+/// meanwhile); then [`StorageBackend::commit_batch`] indexes it, or undoes the
+/// reservation when the write failed.
+#[must_use = "a prepared batch holds reserved space until committed"]
+pub struct PreparedBatch {
+    write: Option<Box<dyn FnOnce() -> Result<(), StoreError> + Send>>,
+    /// What the backend needs to index the batch (its own type).
+    pub(crate) state: Box<dyn std::any::Any + Send>,
+}
+
+impl std::fmt::Debug for PreparedBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedBatch")
+            .field("written", &self.write.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PreparedBatch {
+    /// A batch whose bytes `write` writes, indexed later from `state`.
+    pub(crate) fn new(
+        write: impl FnOnce() -> Result<(), StoreError> + Send + 'static,
+        state: impl std::any::Any + Send,
+    ) -> Self {
+        PreparedBatch {
+            write: Some(Box::new(write)),
+            state: Box::new(state),
+        }
+    }
+
+    /// Phase two: writes and syncs the batch's bytes (once; later calls do nothing).
+    pub fn write(&mut self) -> Result<(), StoreError> {
+        self.write.take().map_or(Ok(()), |write| write())
+    }
+
+    /// The backend's state, when it is of type `T`.
+    pub(crate) fn into_state<T: 'static>(self) -> Option<T> {
+        self.state.downcast::<T>().ok().map(|state| *state)
     }
 }
 
@@ -330,9 +377,25 @@ pub trait StorageBackend: Send + std::fmt::Debug {
     /// Phase two of eviction: deletes the victims' bytes.
     fn finish_eviction(&mut self, eviction: Eviction);
 
-    /// Writes `objects` durably and indexes them. The room must have been made; a key
-    /// already on disk is `AlreadyExists`.
-    fn write_batch(&mut self, objects: &[(&str, &[u8])]) -> Result<(), StoreError>;
+    /// Phase one of a write: checks `objects` (a key already on disk is
+    /// `AlreadyExists`; the room must have been made) and reserves their names and
+    /// space. Phase two, [`PreparedBatch::write`], needs no access to the backend.
+    fn prepare_batch(&mut self, objects: &[(&str, &[u8])]) -> Result<PreparedBatch, StoreError>;
+
+    /// Phase three: indexes a batch whose write succeeded, or deletes what it left and
+    /// gives its reservation back when `written` is an error (returned then).
+    fn commit_batch(
+        &mut self,
+        batch: PreparedBatch,
+        written: Result<(), StoreError>,
+    ) -> Result<(), StoreError>;
+
+    /// The three phases at once: writes `objects` durably and indexes them.
+    fn write_batch(&mut self, objects: &[(&str, &[u8])]) -> Result<(), StoreError> {
+        let mut batch = self.prepare_batch(objects)?;
+        let written = batch.write();
+        self.commit_batch(batch, written)
+    }
 
     /// Looks `key` up (recording the read for `lru`); the bytes are read with
     /// [`ReadPlan::read_into`], without holding the backend.

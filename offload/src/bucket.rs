@@ -34,9 +34,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::backend::{
-    Eviction, Limits, Progress, ReadPlan, RecoveryReport, Room, StorageBackend, StoreError,
-    append_record, check_batch, check_record, delete_file, io_error, record_len, sync_dir,
-    write_synced,
+    Eviction, Limits, PreparedBatch, Progress, ReadPlan, RecoveryReport, Room, StorageBackend,
+    StoreError, append_record, check_batch, check_record, delete_file, foreign_batch, io_error,
+    record_len, sync_dir, write_synced,
 };
 use crate::checksum::crc32c;
 use crate::config::EvictionPolicy;
@@ -126,43 +126,10 @@ impl BucketStore {
     /// made (see [`make_room`](StorageBackend::make_room)); a key already on disk is
     /// `AlreadyExists`.
     pub fn write_bucket(&mut self, objects: &[(&str, &[u8])]) -> Result<u64, StoreError> {
-        check_batch(objects, |key| self.index.contains_key(key))?;
-        let needed = Self::bytes_needed(objects);
-        if !self.room().fits(needed, objects.len() as u64) {
-            return Err(self.room().exceeded(needed));
-        }
-        let id = self.next_id;
-        self.next_id += 1;
-        let (data, locations) = build_data(id, objects);
-        let entries: Vec<(&str, Location)> = objects
-            .iter()
-            .map(|(k, _)| *k)
-            .zip(locations.iter().copied())
-            .collect();
-        let meta = build_meta(&entries, data.len() as u64);
-        let data_path = self.data_path(id);
-        let written =
-            write_synced(&self.io, &data_path, &data).and_then(|()| self.commit_meta(id, &meta));
-        if let Err(error) = written {
-            self.delete_files(id);
-            return Err(error);
-        }
-        let bytes = data.len() as u64 + meta.len() as u64;
-        self.used += bytes;
-        let keys: Vec<String> = objects.iter().map(|(k, _)| (*k).to_string()).collect();
-        for (key, location) in keys.iter().zip(locations) {
-            self.index.insert(key.clone(), location);
-        }
-        self.buckets.insert(
-            id,
-            Bucket {
-                live: keys.len(),
-                keys,
-                bytes,
-                last_read: 0,
-            },
-        );
-        Ok(id)
+        let mut batch = self.prepare_batch(objects)?;
+        let id = batch.state.downcast_ref::<NewBucket>().map_or(0, |b| b.id);
+        let written = batch.write();
+        self.commit_batch(batch, written).map(|()| id)
     }
 
     fn data_path(&self, id: u64) -> PathBuf {
@@ -213,10 +180,7 @@ impl BucketStore {
 
     /// Writes bucket `id`'s metadata atomically: temporary file, sync, rename.
     fn commit_meta(&self, id: u64, meta: &[u8]) -> Result<(), StoreError> {
-        let tmp = self.dir.join(format!("{id}.meta.tmp"));
-        write_synced(&self.io, &tmp, meta)?;
-        std::fs::rename(&tmp, self.meta_path(id)).map_err(io_error("rename", &tmp))?;
-        sync_dir(&self.dir)
+        commit_meta(&self.io, &self.dir, id, meta)
     }
 
     /// Rewrites bucket `id`'s metadata with only its keys still in the index, so that
@@ -294,8 +258,61 @@ impl StorageBackend for BucketStore {
         }
     }
 
-    fn write_batch(&mut self, objects: &[(&str, &[u8])]) -> Result<(), StoreError> {
-        self.write_bucket(objects).map(|_| ())
+    fn prepare_batch(&mut self, objects: &[(&str, &[u8])]) -> Result<PreparedBatch, StoreError> {
+        check_batch(objects, |key| self.index.contains_key(key))?;
+        let needed = Self::bytes_needed(objects);
+        if !self.room().fits(needed, objects.len() as u64) {
+            return Err(self.room().exceeded(needed));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let (data, locations) = build_data(id, objects);
+        let entries: Vec<(&str, Location)> = objects
+            .iter()
+            .map(|(k, _)| *k)
+            .zip(locations.iter().copied())
+            .collect();
+        let meta = build_meta(&entries, data.len() as u64);
+        let state = NewBucket {
+            id,
+            keys: objects.iter().map(|(k, _)| (*k).to_string()).collect(),
+            locations,
+            bytes: data.len() as u64 + meta.len() as u64,
+        };
+        let (io, dir, data_path) = (Arc::clone(&self.io), self.dir.clone(), self.data_path(id));
+        Ok(PreparedBatch::new(
+            move || {
+                write_synced(&io, &data_path, &data)?;
+                commit_meta(&io, &dir, id, &meta)
+            },
+            state,
+        ))
+    }
+
+    fn commit_batch(
+        &mut self,
+        batch: PreparedBatch,
+        written: Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let bucket = batch.into_state::<NewBucket>().ok_or_else(foreign_batch)?;
+        if let Err(error) = written {
+            self.delete_files(bucket.id);
+            return Err(error);
+        }
+        self.used += bucket.bytes;
+        for (key, location) in bucket.keys.iter().zip(bucket.locations) {
+            self.index.insert(key.clone(), location);
+        }
+        self.buckets.insert(
+            bucket.id,
+            Bucket {
+                live: bucket.keys.len(),
+                keys: bucket.keys,
+                bytes: bucket.bytes,
+                last_read: 0,
+            },
+        );
+        Ok(())
     }
 
     fn locate(&mut self, key: &str) -> Result<ReadPlan, StoreError> {
@@ -346,6 +363,23 @@ impl StorageBackend for BucketStore {
         }
         count
     }
+}
+
+/// Writes bucket `id`'s metadata in `dir` atomically: temporary file, sync, rename,
+/// directory sync.
+fn commit_meta(io: &IoEngine, dir: &Path, id: u64, meta: &[u8]) -> Result<(), StoreError> {
+    let tmp = dir.join(format!("{id}.meta.tmp"));
+    write_synced(io, &tmp, meta)?;
+    std::fs::rename(&tmp, dir.join(format!("{id}.meta"))).map_err(io_error("rename", &tmp))?;
+    sync_dir(dir)
+}
+
+/// A bucket prepared for writing: what indexing it needs.
+struct NewBucket {
+    id: u64,
+    keys: Vec<String>,
+    locations: Vec<Location>,
+    bytes: u64,
 }
 
 /// Bucket ids start at `unix seconds << 12`, so ids keep growing across restarts even

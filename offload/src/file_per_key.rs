@@ -25,9 +25,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::backend::{
-    Eviction, Limits, Progress, ReadPlan, RecoveryReport, Room, StorageBackend, StoreError,
-    append_record, check_batch, check_record, delete_file, io_error, record_len, sync_dir,
-    write_synced,
+    Eviction, Limits, PreparedBatch, Progress, ReadPlan, RecoveryReport, Room, StorageBackend,
+    StoreError, append_record, check_batch, check_record, delete_file, foreign_batch, io_error,
+    record_len, sync_dir, write_synced,
 };
 use crate::config::EvictionPolicy;
 use crate::io::IoEngine;
@@ -138,18 +138,6 @@ impl FilePerKeyStore {
         eviction
     }
 
-    /// Writes one object's file: temporary name, sync, rename.
-    fn write_file(&self, id: u64, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        let shard = self.shard(id);
-        std::fs::create_dir_all(&shard).map_err(io_error("create", &shard))?;
-        let path = self.path(id);
-        let tmp = path.with_extension("rec.tmp");
-        let mut record = Vec::with_capacity(usize::try_from(record_len(key, value)).unwrap_or(0));
-        append_record(&mut record, key, value);
-        write_synced(&self.io, &tmp, &record)?;
-        std::fs::rename(&tmp, &path).map_err(io_error("rename", &tmp))
-    }
-
     /// Rebuilds the index from the files (see the module documentation).
     fn recover(&mut self) -> Result<RecoveryReport, StoreError> {
         let mut report = RecoveryReport::default();
@@ -227,6 +215,23 @@ impl FilePerKeyStore {
     }
 }
 
+/// Writes each `(path, record)` of `files`: temporary name, sync, rename; then syncs
+/// the directories touched.
+fn write_files(io: &IoEngine, files: &[(PathBuf, Vec<u8>)]) -> Result<(), StoreError> {
+    let mut shards = std::collections::BTreeSet::new();
+    for (path, record) in files {
+        if let Some(shard) = path.parent()
+            && shards.insert(shard.to_path_buf())
+        {
+            std::fs::create_dir_all(shard).map_err(io_error("create", shard))?;
+        }
+        let tmp = path.with_extension("rec.tmp");
+        write_synced(io, &tmp, record)?;
+        std::fs::rename(&tmp, path).map_err(io_error("rename", &tmp))?;
+    }
+    shards.iter().try_for_each(|dir| sync_dir(dir))
+}
+
 /// Checks one object file; `Some((key, value length, file length))` when it holds
 /// exactly one valid record.
 fn recover_file(path: &Path, buffer: &mut Vec<u8>) -> Option<(String, u64, u64)> {
@@ -282,7 +287,7 @@ impl StorageBackend for FilePerKeyStore {
         }
     }
 
-    fn write_batch(&mut self, objects: &[(&str, &[u8])]) -> Result<(), StoreError> {
+    fn prepare_batch(&mut self, objects: &[(&str, &[u8])]) -> Result<PreparedBatch, StoreError> {
         check_batch(objects, |key| self.index.contains_key(key))?;
         let bytes: u64 = objects.iter().map(|(k, v)| Self::cost(k, v)).sum();
         if !self.room().fits(bytes, objects.len() as u64) {
@@ -290,29 +295,46 @@ impl StorageBackend for FilePerKeyStore {
         }
         let first = self.next_id;
         self.next_id += objects.len() as u64;
-        let ids = first..self.next_id;
-        let written = ids
-            .clone()
-            .zip(objects)
-            .try_for_each(|(id, (key, value))| self.write_file(id, key, value));
-        let shards: std::collections::BTreeSet<PathBuf> =
-            ids.clone().map(|id| self.shard(id)).collect();
-        let synced = written.and_then(|()| shards.iter().try_for_each(|dir| sync_dir(dir)));
-        if let Err(error) = synced {
-            for id in ids {
-                delete_file(&self.path(id));
-                delete_file(&self.path(id).with_extension("rec.tmp"));
-            }
-            return Err(error);
-        }
-        for (id, (key, value)) in ids.zip(objects) {
+        let mut files = Vec::with_capacity(objects.len());
+        let mut entries = Vec::with_capacity(objects.len());
+        for (id, (key, value)) in (first..self.next_id).zip(objects) {
+            let mut record =
+                Vec::with_capacity(usize::try_from(record_len(key, value)).unwrap_or(0));
+            append_record(&mut record, key, value);
+            files.push((self.path(id), record));
             let entry = Entry {
                 id,
                 value_len: value.len() as u64,
                 bytes: Self::cost(key, value),
                 rank: (0, id),
             };
-            self.insert((*key).to_string(), entry);
+            entries.push(((*key).to_string(), entry));
+        }
+        let io = Arc::clone(&self.io);
+        Ok(PreparedBatch::new(
+            move || write_files(&io, &files),
+            entries,
+        ))
+    }
+
+    fn commit_batch(
+        &mut self,
+        batch: PreparedBatch,
+        written: Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let entries = batch
+            .into_state::<Vec<(String, Entry)>>()
+            .ok_or_else(foreign_batch)?;
+        if let Err(error) = written {
+            for (_, entry) in entries {
+                let path = self.path(entry.id);
+                delete_file(&path.with_extension("rec.tmp"));
+                delete_file(&path);
+            }
+            return Err(error);
+        }
+        for (key, entry) in entries {
+            self.insert(key, entry);
         }
         Ok(())
     }

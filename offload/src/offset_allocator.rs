@@ -36,8 +36,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::backend::{
-    Eviction, Limits, Progress, ReadPlan, RecoveryReport, Room, StorageBackend, StoreError,
-    append_record, check_batch, check_record, io_error, open_rw, record_len,
+    Eviction, Limits, PreparedBatch, Progress, ReadPlan, RecoveryReport, Room, StorageBackend,
+    StoreError, append_record, check_batch, check_record, foreign_batch, io_error, open_rw,
+    record_len,
 };
 use crate::checksum::crc32c;
 use crate::config::EvictionPolicy;
@@ -144,13 +145,21 @@ struct Entry {
     pin: Arc<()>,
 }
 
+/// A record placed by `prepare_batch`, indexed by `commit_batch`.
+struct Placed {
+    key: String,
+    offset: u64,
+    value_len: u64,
+    extent: u64,
+}
+
 /// The one-file store in one directory.
 #[derive(Debug)]
 pub struct OffsetAllocatorStore {
     dir: PathBuf,
     limits: Limits,
     policy: EvictionPolicy,
-    data: File,
+    data: Arc<File>,
     journal: File,
     journal_len: u64,
     journal_entries: u64,
@@ -255,7 +264,7 @@ impl OffsetAllocatorStore {
         io: Arc<IoEngine>,
     ) -> Result<(Self, RecoveryReport), StoreError> {
         let data_path = dir.join(DATA_FILE);
-        let data = open_rw(&data_path)?;
+        let data = Arc::new(open_rw(&data_path)?);
         let capacity = limits.bytes / ALIGN * ALIGN;
         if data.metadata().map_err(io_error("stat", &data_path))?.len() < capacity {
             data.set_len(capacity)
@@ -544,7 +553,7 @@ impl StorageBackend for OffsetAllocatorStore {
         self.reclaim();
     }
 
-    fn write_batch(&mut self, objects: &[(&str, &[u8])]) -> Result<(), StoreError> {
+    fn prepare_batch(&mut self, objects: &[(&str, &[u8])]) -> Result<PreparedBatch, StoreError> {
         check_batch(objects, |key| self.index.contains_key(key))?;
         self.reclaim();
         let sizes = extents_of(objects);
@@ -552,47 +561,75 @@ impl StorageBackend for OffsetAllocatorStore {
         if !self.room().fits(bytes, objects.len() as u64) || !Self::fits(&self.free, &sizes) {
             return Err(self.room().exceeded(bytes));
         }
+        // Taken out of the free space now: nothing else is placed there meanwhile.
         let offsets: Vec<u64> = sizes
             .iter()
             .filter_map(|size| self.free.allocate(*size))
             .collect();
-        let data_path = self.data_path();
-        let records: Vec<Vec<u8>> = objects
+        let records: Vec<(u64, Vec<u8>)> = objects
             .iter()
-            .map(|(key, value)| {
+            .zip(&offsets)
+            .map(|((key, value), offset)| {
                 let mut record =
                     Vec::with_capacity(usize::try_from(record_len(key, value)).unwrap_or(0));
                 append_record(&mut record, key, value);
-                record
+                (*offset, record)
             })
             .collect();
-        let writes: Vec<(u64, &[u8])> = offsets
+        let placed: Vec<Placed> = objects
             .iter()
-            .copied()
-            .zip(records.iter().map(Vec::as_slice))
+            .zip(offsets.iter().zip(&sizes))
+            .map(|((key, value), (offset, extent))| Placed {
+                key: (*key).to_string(),
+                offset: *offset,
+                value_len: value.len() as u64,
+                extent: *extent,
+            })
             .collect();
-        let written = self
-            .io
-            .write_batch_at(&self.data, &writes)
-            .map_err(io_error("write", &data_path));
-        let written = written.and_then(|()| {
-            self.io
-                .sync_data(&self.data)
-                .map_err(io_error("sync", &data_path))
-        });
+        let (io, data, path) = (
+            Arc::clone(&self.io),
+            Arc::clone(&self.data),
+            self.data_path(),
+        );
+        Ok(PreparedBatch::new(
+            move || {
+                let writes: Vec<(u64, &[u8])> =
+                    records.iter().map(|(o, r)| (*o, r.as_slice())).collect();
+                io.write_batch_at(&data, &writes)
+                    .and_then(|()| io.sync_data(&data))
+                    .map_err(io_error("write", &path))
+            },
+            placed,
+        ))
+    }
+
+    /// Journals the written records (then they are durable), and indexes them.
+    fn commit_batch(
+        &mut self,
+        batch: PreparedBatch,
+        written: Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let placed = batch
+            .into_state::<Vec<Placed>>()
+            .ok_or_else(foreign_batch)?;
         let mut journal = Vec::new();
-        for ((key, value), offset) in objects.iter().zip(&offsets) {
-            journal.extend(journal_entry(STORED, key, *offset, value.len() as u64));
+        for record in &placed {
+            journal.extend(journal_entry(
+                STORED,
+                &record.key,
+                record.offset,
+                record.value_len,
+            ));
         }
-        let committed = written.and_then(|()| self.append_journal(&journal, objects.len() as u64));
+        let committed = written.and_then(|()| self.append_journal(&journal, placed.len() as u64));
         if let Err(error) = committed {
-            for (offset, size) in offsets.iter().zip(&sizes) {
-                self.free.release(*offset, *size);
+            for record in &placed {
+                self.free.release(record.offset, record.extent);
             }
             return Err(error);
         }
-        for (((key, value), offset), size) in objects.iter().zip(offsets).zip(sizes) {
-            self.index_entry((*key).to_string(), offset, value.len() as u64, size);
+        for record in placed {
+            self.index_entry(record.key, record.offset, record.value_len, record.extent);
         }
         Ok(())
     }

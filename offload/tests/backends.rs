@@ -393,3 +393,38 @@ fn shrinking_to_a_watermark_evicts_the_oldest_and_none_keeps_everything() {
         }
     }
 }
+
+#[test]
+fn a_prepared_batch_is_written_without_the_backend_and_a_failed_one_leaves_nothing() {
+    for kind in BACKENDS {
+        let dir = TempDir::new("phases", kind);
+        let mut opened = open(&dir, kind);
+        let store = &mut *opened.store;
+        write(store, &[("old", 1)], 8000);
+        let v = value(2, 8000);
+        let mut batch = store.prepare_batch(&[("new", &v)]).expect("prepare");
+        // Between the phases the backend serves reads; the new key is not visible yet.
+        assert_eq!(read(store, "old").expect("old"), value(1, 8000));
+        assert!(matches!(read(store, "new"), Err(StoreError::NotFound)));
+        let written = batch.write();
+        store.commit_batch(batch, written).expect("commit");
+        assert_eq!(read(store, "new").expect("new"), v);
+        // A batch whose write failed is undone: nothing indexed, its space back.
+        let used = store.used_bytes();
+        let w = value(3, 8000);
+        let batch = store.prepare_batch(&[("lost", &w)]).expect("prepare");
+        let failed = Err(StoreError::Invalid("simulated write failure".into()));
+        assert!(store.commit_batch(batch, failed).is_err());
+        assert!(!store.contains("lost"), "{kind:?}");
+        assert_eq!(store.used_bytes(), used, "{kind:?}");
+        write(store, &[("lost", 3)], 8000);
+        assert_eq!(read(store, "lost").expect("written again"), w);
+        drop(opened);
+        let opened = open(&dir, kind);
+        assert_eq!(
+            opened.store.len(),
+            3,
+            "{kind:?}: old, new and lost after a reopen"
+        );
+    }
+}

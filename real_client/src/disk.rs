@@ -173,14 +173,20 @@ impl DiskTier {
 }
 
 impl DiskTier {
+    /// Deletes the victims and writes `objects`: the backend is held to prepare and to
+    /// commit the batch, not while its bytes are written, so reads go on meanwhile.
     fn finish_and_write(&self, eviction: Eviction, objects: &[(&str, &[u8])]) -> CodeResult<()> {
-        let mut store = self.store.lock();
-        store.finish_eviction(eviction);
-        store.write_batch(objects).map_err(|e| code(&e))
+        let mut batch = {
+            let mut store = self.store.lock();
+            store.finish_eviction(eviction);
+            store.prepare_batch(objects).map_err(|e| code(&e))?
+        };
+        let written = batch.write();
+        self.store
+            .lock()
+            .commit_batch(batch, written)
+            .map_err(|e| code(&e))
     }
-}
-
-impl DiskTier {
     /// Watermark eviction: above the high watermark of the byte or key limit, evicts
     /// down to the low one (the master is told first, as for any disk eviction).
     async fn evict_to_watermark(&self, master: &MasterLink, client: u128) -> CodeResult<()> {
