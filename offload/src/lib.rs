@@ -14,6 +14,7 @@ pub mod backend;
 pub mod bucket;
 pub mod checksum;
 pub mod config;
+pub mod dkv;
 pub mod file_per_key;
 pub mod io;
 pub mod offset_allocator;

@@ -1,0 +1,196 @@
+//! The conformance suite every distributed-KV client passes, run here against the C
+//! plugin interface with the in-repo test plugin (`tests/plugin/memory_plugin.c`,
+//! built by this test with the system C compiler), and the plugin loader's errors.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use mooncake_offload::dkv::plugin::{PluginClient, PluginError};
+use mooncake_offload::dkv::{DkvClient, DkvError, scan_all};
+
+/// Compiles C `source` into a shared library named `name` in the test's scratch
+/// directory; returns its path.
+fn build_library(name: &str, source: &Path, extra: &[&str]) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let out = dir.join(format!("lib{name}-{}.so", std::process::id()));
+    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&compiler)
+        .args(["-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o"])
+        .arg(&out)
+        .arg(source)
+        .args(extra)
+        .arg("-lpthread")
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler {compiler:?}: {e}"));
+    assert!(status.success(), "building {name} failed");
+    out
+}
+
+/// The test plugin, built once per test process.
+fn test_plugin() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/plugin/memory_plugin.c");
+            build_library("memory_plugin", &source, &[])
+        })
+        .clone()
+}
+
+fn value(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed ^ (i % 251).to_le_bytes()[0])
+        .collect()
+}
+
+/// The contract of `DkvClient`, for any implementation holding no keys under `ns`.
+fn conformance(client: &dyn DkvClient, ns: &str) {
+    let key = |name: &str| format!("{ns}/{name}").into_bytes();
+    let (a, b, missing) = (key("a"), key("b"), key("missing"));
+    let (va, vb) = (value(1, 70_000), value(2, 10));
+    let put = client.batch_put(&[(&a, &va), (&b, &vb), (b"", b"x"), (&key("e"), b"")]);
+    assert_eq!(put[..2], [Ok(()), Ok(())]);
+    assert!(matches!(put[2], Err(DkvError::Invalid(_))), "empty key");
+    assert!(matches!(put[3], Err(DkvError::Invalid(_))), "empty value");
+
+    // Reads land in the caller's buffers, per key.
+    let mut dest_a = vec![0u8; 80_000];
+    let mut dest_b = [0u8; 5];
+    let mut dest_m = [0u8; 5];
+    let got = client.batch_get(&mut [
+        (&a, &mut dest_a[..]),
+        (&b, &mut dest_b[..]),
+        (&missing, &mut dest_m[..]),
+    ]);
+    assert_eq!(got[0], Ok(70_000));
+    assert!(dest_a[..70_000] == va[..]);
+    assert_eq!(got[1], Err(DkvError::TooSmall { need: 10, have: 5 }));
+    assert_eq!(got[2], Err(DkvError::NotFound));
+    assert_eq!(
+        client.batch_exists(&[&a, &missing]),
+        vec![Ok(true), Ok(false)]
+    );
+
+    // Overwrite replaces; delete removes (a missing key is fine).
+    let va2 = value(3, 100);
+    assert_eq!(client.batch_put(&[(&a, &va2)]), vec![Ok(())]);
+    let mut dest = vec![0u8; 100];
+    assert_eq!(client.batch_get(&mut [(&a, &mut dest[..])]), vec![Ok(100)]);
+    assert_eq!(dest, va2);
+    assert_eq!(client.batch_delete(&[&b, &missing]), vec![Ok(()), Ok(())]);
+    assert_eq!(client.batch_exists(&[&b]), vec![Ok(false)]);
+
+    // Scan: every key under the prefix exactly once, whatever the page size.
+    let names: Vec<Vec<u8>> = (0..250).map(|i| key(&format!("scan/{i:03}"))).collect();
+    let values: Vec<Vec<u8>> = (0..250u8).map(|i| value(i, 1 + usize::from(i))).collect();
+    let items: Vec<(&[u8], &[u8])> = names
+        .iter()
+        .map(Vec::as_slice)
+        .zip(values.iter().map(Vec::as_slice))
+        .collect();
+    assert!(client.batch_put(&items).iter().all(Result::is_ok));
+    for page in [1, 7, 64, 1000] {
+        let mut found = scan_all(client, &key("scan/"), page).expect("scan");
+        found.sort();
+        assert_eq!(found.len(), 250, "page {page}");
+        for (i, (name, len)) in found.iter().enumerate() {
+            assert_eq!(name, &names[i]);
+            assert_eq!(*len, 1 + i as u64);
+        }
+    }
+    let others = scan_all(client, &key("nothing-here/"), 10).expect("scan");
+    assert!(others.is_empty());
+    let keys: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
+    assert!(client.batch_delete(&keys).iter().all(Result::is_ok));
+    assert!(
+        scan_all(client, &key("scan/"), 64)
+            .expect("scan")
+            .is_empty()
+    );
+}
+
+#[test]
+fn the_test_plugin_passes_the_conformance_suite() {
+    let client = PluginClient::open(&test_plugin(), "").expect("open");
+    conformance(&client, "suite");
+    assert_eq!(client.capacity(), None);
+    assert!(client.describe().contains("memory_plugin"));
+}
+
+#[test]
+fn the_plugin_is_shared_by_threads() {
+    let client = std::sync::Arc::new(PluginClient::open(&test_plugin(), "").expect("open"));
+    let workers: Vec<_> = (0..4u8)
+        .map(|t| {
+            let client = client.clone();
+            std::thread::spawn(move || {
+                for i in 0..200u32 {
+                    let key = format!("t{t}/{i}").into_bytes();
+                    let v = value(t, 100 + i as usize);
+                    assert_eq!(client.batch_put(&[(&key, &v)]), vec![Ok(())]);
+                    let mut dest = vec![0u8; v.len()];
+                    assert_eq!(
+                        client.batch_get(&mut [(&key, &mut dest[..])]),
+                        vec![Ok(v.len() as u64)]
+                    );
+                    assert_eq!(dest, v);
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("worker");
+    }
+}
+
+#[test]
+fn a_store_with_a_capacity_reports_it_and_refuses_more() {
+    let client = PluginClient::open(&test_plugin(), "capacity=1000").expect("open");
+    assert_eq!(client.capacity(), Some(1000));
+    let big = value(1, 900);
+    assert_eq!(client.batch_put(&[(b"x", &big)]), vec![Ok(())]);
+    assert_eq!(client.batch_put(&[(b"y", &big)]), vec![Err(DkvError::Full)]);
+}
+
+#[test]
+fn loading_errors_name_the_variable_and_the_cause() {
+    let missing = PluginClient::open(Path::new("/nonexistent/libnothing.so"), "");
+    let error = missing.expect_err("no library").to_string();
+    assert!(
+        error.starts_with("MOONCAKE_OFFLOAD_DKV_PLUGIN=/nonexistent/libnothing.so"),
+        "{error}"
+    );
+
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let partial_source = dir.join("partial_plugin.c");
+    std::fs::write(
+        &partial_source,
+        "#include <stdint.h>\nuint32_t mooncake_dkv_abi_version(void) { return 1; }\n",
+    )
+    .expect("write source");
+    let partial = build_library("partial_plugin", &partial_source, &[]);
+    assert!(matches!(
+        PluginClient::open(&partial, ""),
+        Err(PluginError::Symbol {
+            symbol: "mooncake_dkv_init",
+            ..
+        })
+    ));
+
+    let future_source = dir.join("future_plugin.c");
+    std::fs::write(
+        &future_source,
+        "#include <stdint.h>\nuint32_t mooncake_dkv_abi_version(void) { return 99; }\n",
+    )
+    .expect("write source");
+    let future = build_library("future_plugin", &future_source, &[]);
+    assert!(matches!(
+        PluginClient::open(&future, ""),
+        Err(PluginError::Version { found: 99, .. })
+    ));
+
+    assert!(matches!(
+        PluginClient::open(&test_plugin(), "refuse"),
+        Err(PluginError::Init { .. })
+    ));
+}
