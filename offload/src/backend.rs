@@ -62,9 +62,15 @@ pub enum StoreError {
         /// The key limit.
         keys_limit: u64,
     },
-    /// The backend named in the settings is not one this build runs locally.
-    #[error("{0} is not a local-disk backend")]
+    /// The backend or client named in the settings is not available in this build.
+    #[error("{0} is not available in this build")]
     Unsupported(&'static str),
+    /// A distributed KV store failed or could not be reached.
+    #[error("distributed KV store: {0}")]
+    Remote(String),
+    /// The backend could not be set up (the message names the setting).
+    #[error("{0}")]
+    Setup(String),
     /// A file operation failed.
     #[error("{op} {path}: {source}")]
     Io {
@@ -248,17 +254,67 @@ impl PreparedBatch {
 /// holding the backend.
 #[derive(Clone, Debug)]
 pub struct ReadPlan {
-    pub(crate) path: PathBuf,
-    pub(crate) offset: u64,
-    pub(crate) key: String,
-    pub(crate) value_len: u64,
-    pub(crate) io: Arc<IoEngine>,
-    /// Keeps the one-file backend from reusing the extent while the plan lives.
-    #[expect(dead_code, reason = "held for its reference count, never read")]
-    pub(crate) pin: Option<Arc<()>>,
+    key: String,
+    value_len: u64,
+    source: Source,
+}
+
+/// Where a read plan's record is.
+#[derive(Clone, Debug)]
+enum Source {
+    /// At `offset` of the file at `path`.
+    File {
+        path: PathBuf,
+        offset: u64,
+        io: Arc<IoEngine>,
+        /// Keeps the one-file backend from reusing the extent while the plan lives.
+        #[expect(dead_code, reason = "held for its reference count, never read")]
+        pin: Option<Arc<()>>,
+    },
+    /// Under `store_key` in a distributed KV store.
+    Store {
+        client: Arc<dyn crate::dkv::DkvClient>,
+        store_key: Vec<u8>,
+    },
 }
 
 impl ReadPlan {
+    /// The record of `key` (value of `value_len` bytes) at `offset` of `path`; `pin`
+    /// keeps its space from being reused while the plan lives.
+    pub(crate) fn in_file(
+        path: PathBuf,
+        offset: u64,
+        key: &str,
+        value_len: u64,
+        io: Arc<IoEngine>,
+        pin: Option<Arc<()>>,
+    ) -> Self {
+        ReadPlan {
+            key: key.to_string(),
+            value_len,
+            source: Source::File {
+                path,
+                offset,
+                io,
+                pin,
+            },
+        }
+    }
+
+    /// The record of `key` stored under `store_key` through `client`.
+    pub(crate) fn in_store(
+        client: Arc<dyn crate::dkv::DkvClient>,
+        store_key: Vec<u8>,
+        key: &str,
+        value_len: u64,
+    ) -> Self {
+        ReadPlan {
+            key: key.to_string(),
+            value_len,
+            source: Source::Store { client, store_key },
+        }
+    }
+
     /// Size of the value.
     pub fn len(&self) -> u64 {
         self.value_len
@@ -282,34 +338,71 @@ impl ReadPlan {
         }
         let value = &mut dest[..usize::try_from(need).unwrap_or(usize::MAX)];
         let record_len = HEADER_LEN + self.key.len() + value.len();
-        let direct = self
-            .io
-            .read_direct(&self.path, self.offset, record_len, |record| {
-                let (head, body) = record.split_at(HEADER_LEN + self.key.len());
-                value.copy_from_slice(body);
-                self.check(head, value)
-            });
+        let (path, offset, io) = match &self.source {
+            Source::File {
+                path, offset, io, ..
+            } => (path, *offset, io),
+            Source::Store { client, store_key } => {
+                return self.read_from_store(client.as_ref(), store_key, value);
+            }
+        };
+        let direct = io.read_direct(path, offset, record_len, |record| {
+            let (head, body) = record.split_at(HEADER_LEN + self.key.len());
+            value.copy_from_slice(body);
+            self.check(head, value)
+        });
         match direct {
             Some(Ok(checked)) => checked,
             Some(Err(error)) if error.kind() == std::io::ErrorKind::NotFound => {
                 Err(StoreError::NotFound)
             }
             Some(Err(_)) => Err(StoreError::Corrupt(record::RecordError::Truncated)),
-            None => self.read_buffered(value),
+            None => self.read_buffered(path, offset, io, value),
+        }
+    }
+
+    /// Reads the record from a distributed KV store and checks it.
+    fn read_from_store(
+        &self,
+        client: &dyn crate::dkv::DkvClient,
+        store_key: &[u8],
+        value: &mut [u8],
+    ) -> Result<u64, StoreError> {
+        let mut record = vec![0u8; HEADER_LEN + self.key.len() + value.len()];
+        let got = client
+            .batch_get(&mut [(store_key, &mut record[..])])
+            .pop()
+            .unwrap_or(Err(crate::dkv::DkvError::Store("no result".into())));
+        match got {
+            Ok(len) if len == record.len() as u64 => {
+                let (head, body) = record.split_at(HEADER_LEN + self.key.len());
+                value.copy_from_slice(body);
+                self.check(head, value)
+            }
+            Err(crate::dkv::DkvError::NotFound) => Err(StoreError::NotFound),
+            // Another length: not this object's record.
+            Ok(_) | Err(crate::dkv::DkvError::TooSmall { .. }) => {
+                Err(StoreError::Corrupt(record::RecordError::Truncated))
+            }
+            Err(error) => Err(StoreError::Remote(error.to_string())),
         }
     }
 
     /// [`read_into`](Self::read_into) through the page cache: header and key, then
     /// the value.
-    fn read_buffered(&self, value: &mut [u8]) -> Result<u64, StoreError> {
-        let file = File::open(&self.path).map_err(|_| StoreError::NotFound)?;
+    fn read_buffered(
+        &self,
+        path: &Path,
+        offset: u64,
+        io: &IoEngine,
+        value: &mut [u8],
+    ) -> Result<u64, StoreError> {
+        let file = File::open(path).map_err(|_| StoreError::NotFound)?;
         let mut head = vec![0u8; HEADER_LEN + self.key.len()];
         let truncated = |_| StoreError::Corrupt(record::RecordError::Truncated);
-        self.io
-            .read_exact_at(&file, &mut head, self.offset)
+        io.read_exact_at(&file, &mut head, offset)
             .map_err(truncated)?;
-        self.io
-            .read_exact_at(&file, value, self.offset + head.len() as u64)
+        io.read_exact_at(&file, value, offset + head.len() as u64)
             .map_err(truncated)?;
         self.check(&head, value)
     }
@@ -456,8 +549,36 @@ pub fn open_backend(
             Ok((Box::new(store), report))
         }
         BackendKind::DistributedKv => {
-            Err(StoreError::Unsupported("distributed_kv_storage_backend"))
+            let client = open_dkv_client(config)?;
+            tracing::info!(
+                store = client.describe(),
+                namespace = config.dkv_namespace,
+                "SSD tier on a distributed KV store"
+            );
+            let (store, report) =
+                crate::dkv::backend::DkvStore::open(client, &config.dkv_namespace, limits, policy)?;
+            Ok((Box::new(store), report))
         }
+    }
+}
+
+/// The distributed-KV client named by `MOONCAKE_OFFLOAD_DKV_CLIENT`.
+fn open_dkv_client(config: &OffloadConfig) -> Result<Arc<dyn crate::dkv::DkvClient>, StoreError> {
+    match config.dkv_client {
+        crate::config::DkvClientKind::Plugin => {
+            let path = config.dkv_plugin.as_ref().ok_or_else(|| {
+                StoreError::Setup(
+                    "MOONCAKE_OFFLOAD_DKV_CLIENT=plugin needs MOONCAKE_OFFLOAD_DKV_PLUGIN=/path/to/lib.so"
+                        .into(),
+                )
+            })?;
+            crate::dkv::plugin::PluginClient::open(path, &config.dkv_url)
+                .map(|client| Arc::new(client) as Arc<dyn crate::dkv::DkvClient>)
+                .map_err(|error| StoreError::Setup(error.to_string()))
+        }
+        crate::config::DkvClientKind::Redis => Err(StoreError::Unsupported(
+            "the Redis client of distributed_kv_storage_backend (MOONCAKE_OFFLOAD_DKV_CLIENT=redis); use MOONCAKE_OFFLOAD_DKV_CLIENT=plugin",
+        )),
     }
 }
 

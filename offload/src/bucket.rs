@@ -321,14 +321,14 @@ impl StorageBackend for BucketStore {
         if let Some(bucket) = self.buckets.get_mut(&location.bucket) {
             bucket.last_read = self.reads;
         }
-        Ok(ReadPlan {
-            path: self.data_path(location.bucket),
-            offset: location.offset,
-            key: key.to_string(),
-            value_len: location.value_len,
-            io: Arc::clone(&self.io),
-            pin: None,
-        })
+        Ok(ReadPlan::in_file(
+            self.data_path(location.bucket),
+            location.offset,
+            key,
+            location.value_len,
+            Arc::clone(&self.io),
+            None,
+        ))
     }
 
     /// Drops `key`; a bucket left without live keys is deleted.

@@ -94,6 +94,23 @@ pub struct OffloadConfig {
     pub eviction_policy: EvictionPolicy,
     /// `MOONCAKE_OFFLOAD_FSDIR` (`file_per_key_dir`): the file-per-key directory.
     pub fsdir: String,
+    /// `MOONCAKE_OFFLOAD_DKV_CLIENT` (`redis`): the distributed-KV client.
+    pub dkv_client: DkvClientKind,
+    /// `MOONCAKE_OFFLOAD_DKV_PLUGIN`: the plugin library (client `plugin`).
+    pub dkv_plugin: Option<PathBuf>,
+    /// `MOONCAKE_OFFLOAD_DKV_URL` (empty): the store's address (given to a plugin).
+    pub dkv_url: String,
+    /// `MOONCAKE_OFFLOAD_DKV_NAMESPACE` (`mooncake`): prefix of every key in the store.
+    pub dkv_namespace: String,
+}
+
+/// The client of `distributed_kv_storage_backend`, `MOONCAKE_OFFLOAD_DKV_CLIENT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DkvClientKind {
+    /// Redis or Valkey.
+    Redis,
+    /// A C plugin (`MOONCAKE_OFFLOAD_DKV_PLUGIN`).
+    Plugin,
 }
 
 /// Reads settings through `lookup` (the environment in production).
@@ -250,6 +267,35 @@ impl OffloadConfig {
             fsdir: env
                 .raw(&["MOONCAKE_OFFLOAD_FSDIR"])
                 .map_or_else(|| "file_per_key_dir".to_string(), |(_, v)| v),
+            dkv_client: env.parsed(
+                &["MOONCAKE_OFFLOAD_DKV_CLIENT"],
+                DkvClientKind::Redis,
+                "redis or plugin",
+                |v| match v.to_ascii_lowercase().as_str() {
+                    "redis" | "valkey" => Some(DkvClientKind::Redis),
+                    "plugin" => Some(DkvClientKind::Plugin),
+                    _ => None,
+                },
+            )?,
+            dkv_plugin: env
+                .raw(&["MOONCAKE_OFFLOAD_DKV_PLUGIN"])
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(_, v)| v.into()),
+            dkv_url: env
+                .raw(&["MOONCAKE_OFFLOAD_DKV_URL"])
+                .map_or_else(String::new, |(_, v)| v),
+            dkv_namespace: env.parsed(
+                &["MOONCAKE_OFFLOAD_DKV_NAMESPACE"],
+                "mooncake".to_string(),
+                "a name of letters, digits, '-', '_' and '.' (1 to 64 characters)",
+                |v| {
+                    let fine = !v.is_empty()
+                        && v.len() <= 64
+                        && v.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+                    fine.then(|| v.to_string())
+                },
+            )?,
         };
         config.check_limits()?;
         Ok(config)

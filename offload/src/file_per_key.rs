@@ -19,7 +19,6 @@
 //! costs). Eviction takes single objects: the oldest first (`fifo`) or the least
 //! recently read first (`lru`, never-read objects first).
 
-use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,33 +30,20 @@ use crate::backend::{
 };
 use crate::config::EvictionPolicy;
 use crate::io::IoEngine;
+use crate::object_index::ObjectIndex;
 
 /// Default name of the directory of files, `MOONCAKE_OFFLOAD_FSDIR`.
 pub const DEFAULT_FSDIR: &str = "file_per_key_dir";
 
 const BLOCK: u64 = 4096;
 
-#[derive(Clone, Copy, Debug)]
-struct Entry {
-    id: u64,
-    value_len: u64,
-    bytes: u64,
-    /// Position in the eviction order: `(last read, id)` under `lru`, `(0, id)` else.
-    rank: (u64, u64),
-}
-
 /// The file-per-key store in one directory.
 #[derive(Debug)]
 pub struct FilePerKeyStore {
     root: PathBuf,
-    limits: Limits,
-    policy: EvictionPolicy,
-    index: HashMap<String, Entry>,
-    /// Eviction order: rank → key.
-    order: BTreeMap<(u64, u64), String>,
+    /// Objects by key; the handle is the file's id.
+    index: ObjectIndex<u64>,
     next_id: u64,
-    used: u64,
-    reads: u64,
     io: Arc<IoEngine>,
 }
 
@@ -82,13 +68,8 @@ impl FilePerKeyStore {
         std::fs::create_dir_all(root).map_err(io_error("create", root))?;
         let mut store = FilePerKeyStore {
             root: root.to_path_buf(),
-            limits,
-            policy,
-            index: HashMap::new(),
-            order: BTreeMap::new(),
+            index: ObjectIndex::new(limits, policy),
             next_id: 0,
-            used: 0,
-            reads: 0,
             io,
         };
         let report = store.recover()?;
@@ -107,42 +88,12 @@ impl FilePerKeyStore {
         record_len(key, value).next_multiple_of(BLOCK)
     }
 
-    fn insert(&mut self, key: String, entry: Entry) {
-        self.used += entry.bytes;
-        self.order.insert(entry.rank, key.clone());
-        self.index.insert(key, entry);
-    }
-
-    /// Takes `key` out of the index; returns its entry.
-    fn forget(&mut self, key: &str) -> Option<Entry> {
-        let entry = self.index.remove(key)?;
-        self.order.remove(&entry.rank);
-        self.used -= entry.bytes;
-        Some(entry)
-    }
-
-    /// Takes objects out of the index, by the policy's order, until `done` says the
-    /// room left is enough.
-    fn evict_until(&mut self, done: impl Fn(&Room) -> bool) -> Eviction {
-        let mut eviction = Eviction::default();
-        while !done(&self.room()) {
-            let Some((_, key)) = self.order.pop_first() else {
-                break;
-            };
-            if let Some(entry) = self.index.remove(&key) {
-                self.used -= entry.bytes;
-                eviction.units.push(entry.id);
-                eviction.keys.push(key);
-            }
-        }
-        eviction
-    }
-
     /// Rebuilds the index from the files (see the module documentation).
     fn recover(&mut self) -> Result<RecoveryReport, StoreError> {
         let mut report = RecoveryReport::default();
         let mut progress = Progress::new("file_per_key_storage_backend");
         let mut buffer = Vec::new();
+        let mut found = Vec::new();
         let shards = std::fs::read_dir(&self.root).map_err(io_error("list", &self.root))?;
         for shard in shards.flatten() {
             let Ok(files) = std::fs::read_dir(shard.path()) else {
@@ -164,9 +115,7 @@ impl FilePerKeyStore {
                 progress.step();
                 self.next_id = self.next_id.max(id + 1);
                 match recover_file(&path, &mut buffer) {
-                    Some((key, value_len, bytes)) => {
-                        self.recover_entry(key, id, value_len, bytes, &mut report);
-                    }
+                    Some((key, value_len, bytes)) => found.push((id, key, value_len, bytes)),
                     None => {
                         report.corrupt_records += 1;
                         report.dropped_buckets += 1;
@@ -175,43 +124,24 @@ impl FilePerKeyStore {
                 }
             }
         }
-        report.buckets = self.index.len() as u64;
-        report.objects = self.index.len() as u64;
+        // In write order, so that `fifo` still evicts the oldest first; of two files
+        // with one key the newer stays.
+        found.sort_unstable_by_key(|(id, ..)| *id);
+        for (id, key, value_len, bytes) in found {
+            if let Some(stale) =
+                self.index
+                    .insert(key, id, value_len, bytes.next_multiple_of(BLOCK))
+            {
+                delete_file(&self.path(stale.handle));
+                report.orphan_files += 1;
+            }
+        }
+        report.buckets = self.index.room().keys as u64;
+        report.objects = report.buckets;
         if report.corrupt_records > 0 {
             tracing::warn!(?report, "SSD tier: damaged files left out at recovery");
         }
         Ok(report)
-    }
-
-    /// Indexes a recovered file; of two files with one key the newer stays.
-    fn recover_entry(
-        &mut self,
-        key: String,
-        id: u64,
-        value_len: u64,
-        bytes: u64,
-        report: &mut RecoveryReport,
-    ) {
-        if let Some(old) = self.index.get(&key).copied() {
-            let (stale, keep_new) = if old.id < id {
-                (old.id, true)
-            } else {
-                (id, false)
-            };
-            delete_file(&self.path(stale));
-            report.orphan_files += 1;
-            if !keep_new {
-                return;
-            }
-            self.forget(&key);
-        }
-        let entry = Entry {
-            id,
-            value_len,
-            bytes: bytes.next_multiple_of(BLOCK),
-            rank: (0, id),
-        };
-        self.insert(key, entry);
     }
 }
 
@@ -247,38 +177,32 @@ impl StorageBackend for FilePerKeyStore {
     }
 
     fn room(&self) -> Room {
-        Room {
-            limits: self.limits,
-            used: self.used,
-            keys: self.index.len(),
-        }
+        self.index.room()
     }
 
     fn contains(&self, key: &str) -> bool {
-        self.index.contains_key(key)
+        self.index.contains(key)
     }
 
     fn objects(&self) -> Vec<(String, u64)> {
-        self.index
-            .iter()
-            .map(|(k, e)| (k.clone(), e.value_len))
-            .collect()
+        self.index.objects()
     }
 
     fn make_room(&mut self, objects: &[(&str, &[u8])]) -> Result<Eviction, StoreError> {
         let bytes: u64 = objects.iter().map(|(k, v)| Self::cost(k, v)).sum();
-        let keys = objects.len() as u64;
-        if self.room().before_eviction(bytes, keys, self.policy)? {
-            return Ok(Eviction::default());
-        }
-        Ok(self.evict_until(|room| room.fits(bytes, keys)))
+        let mut ids = Vec::new();
+        let mut eviction = self
+            .index
+            .make_room(bytes, objects.len() as u64, &mut ids)?;
+        eviction.units = ids;
+        Ok(eviction)
     }
 
     fn shrink_to(&mut self, bytes: u64, keys: u64) -> Eviction {
-        if self.policy == EvictionPolicy::None {
-            return Eviction::default();
-        }
-        self.evict_until(|room| room.holds_at_most(bytes, keys))
+        let mut ids = Vec::new();
+        let mut eviction = self.index.shrink_to(bytes, keys, &mut ids);
+        eviction.units = ids;
+        eviction
     }
 
     fn finish_eviction(&mut self, eviction: Eviction) {
@@ -288,7 +212,7 @@ impl StorageBackend for FilePerKeyStore {
     }
 
     fn prepare_batch(&mut self, objects: &[(&str, &[u8])]) -> Result<PreparedBatch, StoreError> {
-        check_batch(objects, |key| self.index.contains_key(key))?;
+        check_batch(objects, |key| self.index.contains(key))?;
         let bytes: u64 = objects.iter().map(|(k, v)| Self::cost(k, v)).sum();
         if !self.room().fits(bytes, objects.len() as u64) {
             return Err(self.room().exceeded(bytes));
@@ -302,13 +226,12 @@ impl StorageBackend for FilePerKeyStore {
                 Vec::with_capacity(usize::try_from(record_len(key, value)).unwrap_or(0));
             append_record(&mut record, key, value);
             files.push((self.path(id), record));
-            let entry = Entry {
+            entries.push((
+                (*key).to_string(),
                 id,
-                value_len: value.len() as u64,
-                bytes: Self::cost(key, value),
-                rank: (0, id),
-            };
-            entries.push(((*key).to_string(), entry));
+                value.len() as u64,
+                Self::cost(key, value),
+            ));
         }
         let io = Arc::clone(&self.io);
         Ok(PreparedBatch::new(
@@ -323,48 +246,38 @@ impl StorageBackend for FilePerKeyStore {
         written: Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let entries = batch
-            .into_state::<Vec<(String, Entry)>>()
+            .into_state::<Vec<(String, u64, u64, u64)>>()
             .ok_or_else(foreign_batch)?;
         if let Err(error) = written {
-            for (_, entry) in entries {
-                let path = self.path(entry.id);
+            for (_, id, _, _) in entries {
+                let path = self.path(id);
                 delete_file(&path.with_extension("rec.tmp"));
                 delete_file(&path);
             }
             return Err(error);
         }
-        for (key, entry) in entries {
-            self.insert(key, entry);
+        for (key, id, value_len, bytes) in entries {
+            self.index.insert(key, id, value_len, bytes);
         }
         Ok(())
     }
 
     fn locate(&mut self, key: &str) -> Result<ReadPlan, StoreError> {
-        let entry = *self.index.get(key).ok_or(StoreError::NotFound)?;
-        if self.policy == EvictionPolicy::Lru {
-            self.reads += 1;
-            let rank = (self.reads, entry.id);
-            if let Some(slot) = self.index.get_mut(key) {
-                slot.rank = rank;
-            }
-            if let Some(name) = self.order.remove(&entry.rank) {
-                self.order.insert(rank, name);
-            }
-        }
-        Ok(ReadPlan {
-            path: self.path(entry.id),
-            offset: 0,
-            key: key.to_string(),
-            value_len: entry.value_len,
-            io: Arc::clone(&self.io),
-            pin: None,
-        })
+        let entry = self.index.read(key).ok_or(StoreError::NotFound)?;
+        Ok(ReadPlan::in_file(
+            self.path(entry.handle),
+            0,
+            key,
+            entry.value_len,
+            Arc::clone(&self.io),
+            None,
+        ))
     }
 
     fn remove(&mut self, key: &str) -> bool {
-        match self.forget(key) {
+        match self.index.forget(key) {
             Some(entry) => {
-                delete_file(&self.path(entry.id));
+                delete_file(&self.path(entry.handle));
                 true
             }
             None => false,
@@ -372,10 +285,10 @@ impl StorageBackend for FilePerKeyStore {
     }
 
     fn remove_all(&mut self) -> usize {
-        let keys: Vec<String> = self.index.keys().cloned().collect();
-        for key in &keys {
-            self.remove(key);
+        let removed = self.index.clear();
+        for (_, entry) in &removed {
+            delete_file(&self.path(entry.handle));
         }
-        keys.len()
+        removed.len()
     }
 }

@@ -17,6 +17,7 @@ pub mod config;
 pub mod dkv;
 pub mod file_per_key;
 pub mod io;
+mod object_index;
 pub mod offset_allocator;
 pub mod record;
 

@@ -639,14 +639,14 @@ impl StorageBackend for OffsetAllocatorStore {
         let reads = self.reads;
         let lru = self.policy == EvictionPolicy::Lru;
         let entry = self.index.get_mut(key).ok_or(StoreError::NotFound)?;
-        let plan = ReadPlan {
-            path: self.dir.join(DATA_FILE),
-            offset: entry.offset,
-            key: key.to_string(),
-            value_len: entry.value_len,
-            io: Arc::clone(&self.io),
-            pin: Some(Arc::clone(&entry.pin)),
-        };
+        let plan = ReadPlan::in_file(
+            self.dir.join(DATA_FILE),
+            entry.offset,
+            key,
+            entry.value_len,
+            Arc::clone(&self.io),
+            Some(Arc::clone(&entry.pin)),
+        );
         if lru {
             let old = entry.rank;
             entry.rank = (reads, old.1);

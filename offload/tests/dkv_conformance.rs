@@ -194,3 +194,131 @@ fn loading_errors_name_the_variable_and_the_cause() {
         Err(PluginError::Init { .. })
     ));
 }
+
+mod backend {
+    use std::sync::Arc;
+
+    use mooncake_offload::backend::{Limits, StorageBackend, StoreError};
+    use mooncake_offload::config::EvictionPolicy;
+    use mooncake_offload::dkv::DkvClient;
+    use mooncake_offload::dkv::backend::DkvStore;
+    use mooncake_offload::dkv::plugin::PluginClient;
+
+    use super::{test_plugin, value};
+
+    fn client(config: &str) -> Arc<dyn DkvClient> {
+        Arc::new(PluginClient::open(&test_plugin(), config).expect("open"))
+    }
+
+    fn open(client: &Arc<dyn DkvClient>, ns: &str, limits: Limits) -> DkvStore {
+        DkvStore::open(Arc::clone(client), ns, limits, EvictionPolicy::Fifo)
+            .expect("open")
+            .0
+    }
+
+    fn write(store: &mut DkvStore, key: &str, v: &[u8]) -> Vec<String> {
+        let eviction = store.make_room(&[(key, v)]).expect("room");
+        let evicted = eviction.keys.clone();
+        store.finish_eviction(eviction);
+        store.write_batch(&[(key, v)]).expect("write");
+        evicted
+    }
+
+    fn read(store: &mut DkvStore, key: &str) -> Result<Vec<u8>, StoreError> {
+        let mut dest = vec![0u8; 1 << 20];
+        let len = store.read_into(key, &mut dest)?;
+        dest.truncate(usize::try_from(len).expect("small"));
+        Ok(dest)
+    }
+
+    #[test]
+    fn objects_round_trip_survive_a_restart_by_scan_and_namespaces_are_apart() {
+        let shared = client("");
+        let mut a = open(&shared, "cluster-a", Limits::bytes(1 << 30));
+        let mut b = open(&shared, "cluster-b", Limits::bytes(1 << 30));
+        write(&mut a, "t\u{1f}k1", &value(1, 5000));
+        write(&mut a, "k2", &value(2, 70_000));
+        write(&mut b, "k1", &value(3, 10));
+        assert_eq!(read(&mut a, "t\u{1f}k1").expect("k1"), value(1, 5000));
+        assert!(matches!(read(&mut b, "k2"), Err(StoreError::NotFound)));
+        assert!(a.remove("k2"));
+        drop(a);
+        // A restarted node finds its objects by scanning its namespace.
+        let (mut a, report) = DkvStore::open(
+            Arc::clone(&shared),
+            "cluster-a",
+            Limits::bytes(1 << 30),
+            EvictionPolicy::Fifo,
+        )
+        .expect("reopen");
+        assert_eq!((report.objects, report.corrupt_records), (1, 0));
+        assert_eq!(
+            read(&mut a, "t\u{1f}k1").expect("after restart"),
+            value(1, 5000)
+        );
+        assert!(matches!(read(&mut a, "k2"), Err(StoreError::NotFound)));
+        assert_eq!(b.len(), 1);
+    }
+
+    #[test]
+    fn foreign_values_are_detected_and_eviction_deletes_from_the_store() {
+        let shared = client("");
+        let mut store = open(
+            &shared,
+            "ns",
+            Limits {
+                bytes: 1 << 30,
+                keys: 2,
+            },
+        );
+        write(&mut store, "a", &value(1, 100));
+        write(&mut store, "b", &value(2, 100));
+        assert_eq!(write(&mut store, "c", &value(3, 100)), ["a"], "fifo");
+        assert_eq!(
+            shared.batch_exists(&[b"ns/a"]),
+            vec![Ok(false)],
+            "deleted in the store"
+        );
+        // Someone else's bytes under our key: never handed out as the object.
+        let garbage = vec![7u8; 24 + 1 + 100];
+        assert_eq!(shared.batch_put(&[(b"ns/b", &garbage)]), vec![Ok(())]);
+        assert!(matches!(read(&mut store, "b"), Err(StoreError::Corrupt(_))));
+        assert!(!store.contains("b"));
+        // Recovery leaves out values too short to be records.
+        assert_eq!(shared.batch_put(&[(b"ns/short", b"xy")]), vec![Ok(())]);
+        let (_, report) = DkvStore::open(
+            Arc::clone(&shared),
+            "ns",
+            Limits::bytes(1 << 30),
+            EvictionPolicy::Fifo,
+        )
+        .expect("reopen");
+        assert_eq!(report.corrupt_records, 1);
+    }
+
+    #[test]
+    fn a_partially_failed_batch_leaves_nothing_in_the_store() {
+        // The store (shared with others) has room for two of the three records (125
+        // bytes each): the batch fails and the two stored are deleted again.
+        let shared = client("capacity=400");
+        assert_eq!(shared.batch_put(&[(b"other/k", &[0u8; 150])]), vec![Ok(())]);
+        let mut store = open(&shared, "ns", Limits::bytes(1 << 30));
+        assert_eq!(
+            store.limits().bytes,
+            400,
+            "the store's capacity caps the limit"
+        );
+        let v = value(1, 100);
+        let batch = [
+            ("x", v.as_slice()),
+            ("y", v.as_slice()),
+            ("z", v.as_slice()),
+        ];
+        assert!(store.write_batch(&batch).is_err());
+        assert_eq!(store.len(), 0);
+        assert_eq!(
+            shared.batch_exists(&[b"ns/x", b"ns/y", b"ns/z"]),
+            vec![Ok(false), Ok(false), Ok(false)]
+        );
+    }
+}

@@ -270,8 +270,10 @@ impl RealClientConfig {
             if let Some(path) = flags.string("offload_path") {
                 settings.path = path.into();
             }
-            mooncake_offload::config::validate_path(&settings.path)
-                .map_err(|error| invalid("enable_offload", error.to_string()))?;
+            if settings.backend != mooncake_offload::config::BackendKind::DistributedKv {
+                mooncake_offload::config::validate_path(&settings.path)
+                    .map_err(|error| invalid("enable_offload", error.to_string()))?;
+            }
             Some(settings)
         } else {
             None

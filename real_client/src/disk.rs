@@ -15,7 +15,7 @@ use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_offload::backend::{
     Eviction, Limits, RecoveryReport, StorageBackend, StoreError, open_backend,
 };
-use mooncake_offload::config::{OffloadConfig, validate_path};
+use mooncake_offload::config::{BackendKind, OffloadConfig, validate_path};
 use mooncake_offload::io::IoEngine;
 
 use crate::disk_staging::{StagedBytes, StagingPool};
@@ -46,6 +46,10 @@ pub enum DiskError {
 /// The disk quota: `MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE`, or 90% of the filesystem,
 /// and never more than `MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES`.
 fn quota(config: &OffloadConfig) -> u64 {
+    if config.backend == BackendKind::DistributedKv {
+        // No local filesystem holds the data (the store's capacity caps it instead).
+        return config.total_size_limit;
+    }
     let configured = if config.bucket_max_total_size > 0 {
         config.bucket_max_total_size
     } else {
@@ -62,15 +66,20 @@ fn code(error: &StoreError) -> ErrorCode {
         StoreError::NotFound | StoreError::Corrupt(_) => ErrorCode::OBJECT_NOT_FOUND,
         StoreError::BufferTooSmall { .. } => ErrorCode::BUFFER_OVERFLOW,
         StoreError::AlreadyExists(_) => ErrorCode::OBJECT_ALREADY_EXISTS,
-        StoreError::Invalid(_) | StoreError::Unsupported(_) => ErrorCode::INVALID_PARAMS,
+        StoreError::Invalid(_) | StoreError::Unsupported(_) | StoreError::Setup(_) => {
+            ErrorCode::INVALID_PARAMS
+        }
         StoreError::QuotaExceeded { .. } | StoreError::Io { .. } => ErrorCode::FILE_WRITE_FAIL,
+        StoreError::Remote(_) => ErrorCode::TRANSFER_FAIL,
     }
 }
 
 impl DiskTier {
     /// Opens the tier in `config.path` (checked first) and recovers its index.
     pub fn open(config: OffloadConfig) -> Result<(Self, RecoveryReport), DiskError> {
-        validate_path(&config.path)?;
+        if config.backend != BackendKind::DistributedKv {
+            validate_path(&config.path)?;
+        }
         let quota = quota(&config);
         let io = Arc::new(IoEngine::new(config.use_uring));
         let limits = Limits {

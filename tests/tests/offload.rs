@@ -488,3 +488,95 @@ fn with_offload_on_evict_only_objects_leaving_memory_are_written() {
         assert!(client.get(&format!("e{i}")).expect("from disk") == value(i, 1 << 20));
     }
 }
+
+/// The in-repo test plugin of the distributed-KV interface, built with the C compiler.
+fn memory_plugin() -> PathBuf {
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../offload/tests/plugin/memory_plugin.c");
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("libmemory_plugin_it-{}.so", std::process::id()));
+    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = std::process::Command::new(&compiler)
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&out)
+        .arg(&source)
+        .arg("-lpthread")
+        .status()
+        .expect("run the C compiler");
+    assert!(status.success(), "building the test plugin failed");
+    out
+}
+
+#[test]
+fn the_distributed_kv_backend_keeps_evicted_objects_readable_through_any_node() {
+    let plugin = memory_plugin();
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let a = RealClientProcess::join_with_env(
+        &master,
+        "16MB",
+        &["--enable_offload=true"],
+        &[
+            (
+                "MOONCAKE_OFFLOAD_STORAGE_BACKEND_DESCRIPTOR",
+                "distributed_kv_storage_backend",
+            ),
+            ("MOONCAKE_OFFLOAD_DKV_CLIENT", "plugin"),
+            (
+                "MOONCAKE_OFFLOAD_DKV_PLUGIN",
+                plugin.to_str().expect("utf-8"),
+            ),
+            ("MOONCAKE_OFFLOAD_DKV_NAMESPACE", "it-cluster"),
+            ("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1"),
+        ],
+    );
+    let via_a = dummy(&a);
+    put_and_offload(&via_a, &a, "first-", 8);
+    for wave in 0..6 {
+        put_and_offload(&via_a, &a, &format!("more{wave}-"), 4);
+    }
+    assert!(
+        only_on_disk(&via_a, "first-0"),
+        "first-0 is still in memory"
+    );
+    let b = RealClientProcess::join(&master, "64MB", &[]);
+    let via_b = dummy(&b);
+    for i in 0..8 {
+        let key = format!("first-{i}");
+        assert!(
+            via_a.get(&key).expect("via A") == value(i, 1 << 20),
+            "{key} via A"
+        );
+        assert!(
+            via_b.get(&key).expect("via B") == value(i, 1 << 20),
+            "{key} via B"
+        );
+    }
+    assert_eq!(via_b.remove("first-0", true), Ok(()));
+    assert_gone(&via_a, "first-0", "removed");
+}
+
+#[test]
+fn a_bad_distributed_kv_setting_stops_the_node_with_the_variable_named() {
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let output = std::process::Command::new(mooncake_integration_tests::binary("mooncake_client"))
+        .args([
+            format!("--port={}", mooncake_integration_tests::unique_port()),
+            format!("--master_server_address={}", master.address()),
+            "--enable_offload=true".into(),
+            "--global_segment_size=16MB".into(),
+        ])
+        .env(
+            "MOONCAKE_OFFLOAD_STORAGE_BACKEND_DESCRIPTOR",
+            "distributed_kv_storage_backend",
+        )
+        .env("MOONCAKE_OFFLOAD_DKV_CLIENT", "plugin")
+        .env("MOONCAKE_OFFLOAD_DKV_PLUGIN", "/nonexistent/libstore.so")
+        .output()
+        .expect("run mooncake_client");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("MOONCAKE_OFFLOAD_DKV_PLUGIN=/nonexistent/libstore.so"),
+        "{stderr}"
+    );
+}

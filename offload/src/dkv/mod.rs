@@ -1,11 +1,13 @@
 //! Distributed KV stores as a tier behind the SSD tier's backend interface: the
-//! contract every store client meets ([`DkvClient`]) and its implementations (a C
-//! plugin loaded at run time, [`plugin`]).
+//! contract every store client meets ([`DkvClient`]), its implementations (a C plugin
+//! loaded at run time, [`plugin`]) and `distributed_kv_storage_backend` on top of it
+//! ([`backend`]).
 //!
 //! Every call is a batch with one result per key, so a client can pipeline. Reads land
 //! in the caller's buffers. `scan` lists keys by prefix with a restartable cursor, so a
 //! node can rebuild its index from the store after a restart.
 
+pub mod backend;
 pub mod plugin;
 
 /// Why a call on one key (or a whole batch) failed.
