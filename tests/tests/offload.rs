@@ -34,7 +34,9 @@ impl Drop for TempDir {
 }
 
 /// A node with the SSD tier in `dir` (one offload round per second, 1 GiB of disk at
-/// most) on `backend`, io_uring or not.
+/// most) on `backend`, through io_uring when `uring`. Otherwise the node inherits
+/// `MOONCAKE_OFFLOAD_USE_URING` from the test's environment: `.ci/run` runs this suite
+/// a second time with it set, so every test also runs through io_uring.
 fn disk_node_with(
     master: &MasterProcess,
     segment: &str,
@@ -49,10 +51,12 @@ fn disk_node_with(
         &[
             ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", dir.path()),
             ("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1"),
-            ("MOONCAKE_OFFLOAD_USE_URING", if uring { "1" } else { "0" }),
             ("MOONCAKE_OFFLOAD_STORAGE_BACKEND_DESCRIPTOR", backend),
             ("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES", "1GiB"),
-        ],
+        ]
+        .into_iter()
+        .chain(uring.then_some(("MOONCAKE_OFFLOAD_USE_URING", "1")))
+        .collect::<Vec<_>>(),
     )
 }
 
