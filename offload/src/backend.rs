@@ -609,6 +609,13 @@ pub(crate) fn check_batch(
     Ok(())
 }
 
+/// The record of `key` and `value`, in a buffer of its own.
+pub(crate) fn encode_record(key: &str, value: &[u8]) -> Vec<u8> {
+    let mut record = Vec::with_capacity(usize::try_from(record_len(key, value)).unwrap_or(0));
+    append_record(&mut record, key, value);
+    record
+}
+
 /// Appends the record of `key` and `value` to `out`.
 pub(crate) fn append_record(out: &mut Vec<u8>, key: &str, value: &[u8]) {
     out.extend_from_slice(&record::header(key.as_bytes(), value));

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use crate::backend::{
     Eviction, Limits, PreparedBatch, Progress, ReadPlan, RecoveryReport, Room, StorageBackend,
-    StoreError, append_record, check_batch, check_record, delete_file, foreign_batch, io_error,
+    StoreError, check_batch, check_record, delete_file, encode_record, foreign_batch, io_error,
     record_len, sync_dir, write_synced,
 };
 use crate::config::EvictionPolicy;
@@ -222,9 +222,7 @@ impl StorageBackend for FilePerKeyStore {
         let mut files = Vec::with_capacity(objects.len());
         let mut entries = Vec::with_capacity(objects.len());
         for (id, (key, value)) in (first..self.next_id).zip(objects) {
-            let mut record =
-                Vec::with_capacity(usize::try_from(record_len(key, value)).unwrap_or(0));
-            append_record(&mut record, key, value);
+            let record = encode_record(key, value);
             files.push((self.path(id), record));
             entries.push((
                 (*key).to_string(),

@@ -1,5 +1,5 @@
 //! The in-memory index of a backend that stores objects one by one (file-per-key,
-//! distributed KV): each key's value length, the bytes it takes and a backend-specific
+//! offset allocator, distributed KV): each key's value length, the bytes it takes and a backend-specific
 //! handle, the eviction order (`fifo` by insertion, `lru` by last read, never-read
 //! objects first), and the room the objects take against the limits.
 
@@ -9,7 +9,7 @@ use crate::backend::{Eviction, Limits, Room, StoreError};
 use crate::config::EvictionPolicy;
 
 /// One indexed object.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Indexed<H> {
     /// The backend's handle on it (a file id, nothing).
     pub(crate) handle: H,
@@ -33,7 +33,7 @@ pub(crate) struct ObjectIndex<H> {
     reads: u64,
 }
 
-impl<H: Copy> ObjectIndex<H> {
+impl<H: Clone> ObjectIndex<H> {
     /// An empty index keeping to `limits`, evicting by `policy`.
     pub(crate) fn new(limits: Limits, policy: EvictionPolicy) -> Self {
         ObjectIndex {
@@ -54,6 +54,11 @@ impl<H: Copy> ObjectIndex<H> {
             used: self.used,
             keys: self.entries.len(),
         }
+    }
+
+    /// The eviction policy.
+    pub(crate) fn policy(&self) -> EvictionPolicy {
+        self.policy
     }
 
     /// Whether `key` is indexed.
@@ -106,7 +111,7 @@ impl<H: Copy> ObjectIndex<H> {
                 self.order.insert(entry.rank, name);
             }
         }
-        Some(*entry)
+        Some(entry.clone())
     }
 
     /// Takes `key` out; returns its entry.
@@ -115,6 +120,21 @@ impl<H: Copy> ObjectIndex<H> {
         self.order.remove(&entry.rank);
         self.used -= entry.bytes;
         Some(entry)
+    }
+
+    /// Every key with its entry, in eviction order.
+    pub(crate) fn in_order(&self) -> impl Iterator<Item = (&str, &Indexed<H>)> {
+        self.order
+            .values()
+            .filter_map(|key| Some((key.as_str(), self.entries.get(key)?)))
+    }
+
+    /// Takes out the object eviction would take first.
+    pub(crate) fn pop_oldest(&mut self) -> Option<(String, Indexed<H>)> {
+        let (_, key) = self.order.pop_first()?;
+        let entry = self.entries.remove(&key)?;
+        self.used -= entry.bytes;
+        Some((key, entry))
     }
 
     /// Takes every key out; returns them with their entries.
@@ -152,14 +172,11 @@ impl<H: Copy> ObjectIndex<H> {
     fn evict_until(&mut self, done: impl Fn(&Room) -> bool, handles: &mut Vec<H>) -> Eviction {
         let mut eviction = Eviction::default();
         while !done(&self.room()) {
-            let Some((_, key)) = self.order.pop_first() else {
+            let Some((key, entry)) = self.pop_oldest() else {
                 break;
             };
-            if let Some(entry) = self.entries.remove(&key) {
-                self.used -= entry.bytes;
-                handles.push(entry.handle);
-                eviction.keys.push(key);
-            }
+            handles.push(entry.handle);
+            eviction.keys.push(key);
         }
         eviction
     }

@@ -37,12 +37,13 @@ use std::sync::Arc;
 
 use crate::backend::{
     Eviction, Limits, PreparedBatch, Progress, ReadPlan, RecoveryReport, Room, StorageBackend,
-    StoreError, append_record, check_batch, check_record, foreign_batch, io_error, open_rw,
+    StoreError, check_batch, check_record, encode_record, foreign_batch, io_error, open_rw,
     record_len,
 };
 use crate::checksum::crc32c;
 use crate::config::EvictionPolicy;
 use crate::io::IoEngine;
+use crate::object_index::{Indexed, ObjectIndex};
 use crate::record::MAX_KEY_LEN;
 
 /// Name of the data file.
@@ -133,14 +134,11 @@ impl Extents {
     }
 }
 
+/// Where an indexed object is (its entry's bytes are the extent's length: the record
+/// rounded up to 4 KiB).
 #[derive(Clone, Debug)]
-struct Entry {
+struct Slot {
     offset: u64,
-    value_len: u64,
-    /// Bytes of the extent (record length rounded up to 4 KiB).
-    extent: u64,
-    /// Position in the eviction order: `(last read, sequence)`.
-    rank: (u64, u64),
     /// Held by read plans; the extent is reused only when this is the last holder.
     pin: Arc<()>,
 }
@@ -157,22 +155,16 @@ struct Placed {
 #[derive(Debug)]
 pub struct OffsetAllocatorStore {
     dir: PathBuf,
-    limits: Limits,
-    policy: EvictionPolicy,
     data: Arc<File>,
     journal: File,
     journal_len: u64,
     journal_entries: u64,
-    index: HashMap<String, Entry>,
-    order: BTreeMap<(u64, u64), String>,
+    index: ObjectIndex<Slot>,
     free: Extents,
     /// Extents of evicted objects whose deletion is not journaled yet.
     evicting: Vec<(u64, u64, Arc<()>)>,
     /// Extents of dropped objects, free once no reader pins them.
     retired: Vec<(u64, u64, Arc<()>)>,
-    used: u64,
-    sequence: u64,
-    reads: u64,
     io: Arc<IoEngine>,
 }
 
@@ -273,20 +265,14 @@ impl OffsetAllocatorStore {
         let journal = open_rw(&dir.join(JOURNAL_FILE))?;
         let mut store = OffsetAllocatorStore {
             dir: dir.to_path_buf(),
-            limits,
-            policy,
             data,
             journal,
             journal_len: 0,
             journal_entries: 0,
-            index: HashMap::new(),
-            order: BTreeMap::new(),
+            index: ObjectIndex::new(limits, policy),
             free: Extents::whole(capacity),
             evicting: Vec::new(),
             retired: Vec::new(),
-            used: 0,
-            sequence: 0,
-            reads: 0,
             io,
         };
         let report = store.recover()?;
@@ -335,8 +321,8 @@ impl OffsetAllocatorStore {
             }
             self.index_entry(key, offset, value_len, extent);
         }
-        report.objects = self.index.len() as u64;
-        report.buckets = u64::from(!self.index.is_empty());
+        report.objects = self.index.room().keys as u64;
+        report.buckets = u64::from(report.objects > 0);
         self.rewrite_journal()?;
         if report.corrupt_records > 0 {
             tracing::warn!(?report, "SSD tier: damaged records left out at recovery");
@@ -345,29 +331,23 @@ impl OffsetAllocatorStore {
     }
 
     fn index_entry(&mut self, key: String, offset: u64, value_len: u64, extent: u64) {
-        self.sequence += 1;
-        let rank = (0, self.sequence);
-        self.used += extent;
-        self.order.insert(rank, key.clone());
-        self.index.insert(
-            key,
-            Entry {
-                offset,
-                value_len,
-                extent,
-                rank,
-                pin: Arc::new(()),
-            },
-        );
+        let slot = Slot {
+            offset,
+            pin: Arc::new(()),
+        };
+        self.index.insert(key, slot, value_len, extent);
     }
 
     /// Writes a journal holding only the live objects, atomically.
     fn rewrite_journal(&mut self) -> Result<(), StoreError> {
         let mut bytes = JOURNAL_MAGIC.to_vec();
-        for key in self.order.values() {
-            if let Some(entry) = self.index.get(key) {
-                bytes.extend(journal_entry(STORED, key, entry.offset, entry.value_len));
-            }
+        for (key, entry) in self.index.in_order() {
+            bytes.extend(journal_entry(
+                STORED,
+                key,
+                entry.handle.offset,
+                entry.value_len,
+            ));
         }
         let path = self.journal_path();
         let tmp = path.with_extension("journal.tmp");
@@ -376,7 +356,7 @@ impl OffsetAllocatorStore {
         crate::backend::sync_dir(&self.dir)?;
         self.journal = open_rw(&path)?;
         self.journal_len = bytes.len() as u64;
-        self.journal_entries = self.index.len() as u64;
+        self.journal_entries = self.index.room().keys as u64;
         Ok(())
     }
 
@@ -391,7 +371,7 @@ impl OffsetAllocatorStore {
             .map_err(io_error("sync", &path))?;
         self.journal_len += bytes.len() as u64;
         self.journal_entries += count;
-        if self.journal_entries > 4 * (self.index.len() as u64).max(1024) {
+        if self.journal_entries > 4 * (self.index.room().keys as u64).max(1024) {
             self.rewrite_journal()?;
         }
         Ok(())
@@ -424,16 +404,14 @@ impl OffsetAllocatorStore {
         let mut projected = self.projected_free();
         let mut eviction = Eviction::default();
         while !done(self, &projected) {
-            let Some((_, key)) = self.order.pop_first() else {
+            let Some((key, entry)) = self.index.pop_oldest() else {
                 break;
             };
-            if let Some(entry) = self.index.remove(&key) {
-                self.used -= entry.extent;
-                projected.release(entry.offset, entry.extent);
-                eviction.units.push(entry.offset);
-                self.evicting.push((entry.offset, entry.extent, entry.pin));
-                eviction.keys.push(key);
-            }
+            let Slot { offset, pin } = entry.handle;
+            projected.release(offset, entry.bytes);
+            eviction.units.push(offset);
+            self.evicting.push((offset, entry.bytes, pin));
+            eviction.keys.push(key);
         }
         eviction
     }
@@ -444,22 +422,19 @@ impl OffsetAllocatorStore {
         sizes.iter().all(|size| trial.allocate(*size).is_some())
     }
 
-    /// Takes `key` out of the index and the order; returns its entry.
-    fn forget(&mut self, key: &str) -> Option<Entry> {
-        let entry = self.index.remove(key)?;
-        self.order.remove(&entry.rank);
-        self.used -= entry.extent;
-        Some(entry)
-    }
-
     /// Journals the deletion of `entries` and retires their extents.
-    fn drop_entries(&mut self, dropped: Vec<(String, Entry)>) {
+    fn drop_entries(&mut self, dropped: Vec<(String, Indexed<Slot>)>) {
         if dropped.is_empty() {
             return;
         }
         let mut bytes = Vec::new();
         for (key, entry) in &dropped {
-            bytes.extend(journal_entry(DELETED, key, entry.offset, entry.value_len));
+            bytes.extend(journal_entry(
+                DELETED,
+                key,
+                entry.handle.offset,
+                entry.value_len,
+            ));
         }
         if let Err(error) = self.append_journal(&bytes, dropped.len() as u64) {
             // Without a durable deletion the extents must not be reused: a restart
@@ -468,7 +443,8 @@ impl OffsetAllocatorStore {
             return;
         }
         for (_, entry) in dropped {
-            self.retired.push((entry.offset, entry.extent, entry.pin));
+            self.retired
+                .push((entry.handle.offset, entry.bytes, entry.handle.pin));
         }
         self.reclaim();
     }
@@ -480,22 +456,15 @@ impl StorageBackend for OffsetAllocatorStore {
     }
 
     fn room(&self) -> Room {
-        Room {
-            limits: self.limits,
-            used: self.used,
-            keys: self.index.len(),
-        }
+        self.index.room()
     }
 
     fn contains(&self, key: &str) -> bool {
-        self.index.contains_key(key)
+        self.index.contains(key)
     }
 
     fn objects(&self) -> Vec<(String, u64)> {
-        self.index
-            .iter()
-            .map(|(k, e)| (k.clone(), e.value_len))
-            .collect()
+        self.index.objects()
     }
 
     fn make_room(&mut self, objects: &[(&str, &[u8])]) -> Result<Eviction, StoreError> {
@@ -509,7 +478,8 @@ impl StorageBackend for OffsetAllocatorStore {
         if room(self, &self.free) {
             return Ok(Eviction::default());
         }
-        self.room().before_eviction(bytes, keys, self.policy)?;
+        self.room()
+            .before_eviction(bytes, keys, self.index.policy())?;
         let eviction = self.evict_until(|store, free| room(store, free));
         if !room(self, &self.projected_free()) {
             // Even an empty store cannot place the batch: leave the victims evicted
@@ -523,7 +493,7 @@ impl StorageBackend for OffsetAllocatorStore {
     }
 
     fn shrink_to(&mut self, bytes: u64, keys: u64) -> Eviction {
-        if self.policy == EvictionPolicy::None {
+        if self.index.policy() == EvictionPolicy::None {
             return Eviction::default();
         }
         self.evict_until(|store, _| store.room().holds_at_most(bytes, keys))
@@ -554,7 +524,7 @@ impl StorageBackend for OffsetAllocatorStore {
     }
 
     fn prepare_batch(&mut self, objects: &[(&str, &[u8])]) -> Result<PreparedBatch, StoreError> {
-        check_batch(objects, |key| self.index.contains_key(key))?;
+        check_batch(objects, |key| self.index.contains(key))?;
         self.reclaim();
         let sizes = extents_of(objects);
         let bytes: u64 = sizes.iter().sum();
@@ -569,12 +539,7 @@ impl StorageBackend for OffsetAllocatorStore {
         let records: Vec<(u64, Vec<u8>)> = objects
             .iter()
             .zip(&offsets)
-            .map(|((key, value), offset)| {
-                let mut record =
-                    Vec::with_capacity(usize::try_from(record_len(key, value)).unwrap_or(0));
-                append_record(&mut record, key, value);
-                (*offset, record)
-            })
+            .map(|((key, value), offset)| (*offset, encode_record(key, value)))
             .collect();
         let placed: Vec<Placed> = objects
             .iter()
@@ -635,31 +600,19 @@ impl StorageBackend for OffsetAllocatorStore {
     }
 
     fn locate(&mut self, key: &str) -> Result<ReadPlan, StoreError> {
-        self.reads += 1;
-        let reads = self.reads;
-        let lru = self.policy == EvictionPolicy::Lru;
-        let entry = self.index.get_mut(key).ok_or(StoreError::NotFound)?;
-        let plan = ReadPlan::in_file(
-            self.dir.join(DATA_FILE),
-            entry.offset,
+        let entry = self.index.read(key).ok_or(StoreError::NotFound)?;
+        Ok(ReadPlan::in_file(
+            self.data_path(),
+            entry.handle.offset,
             key,
             entry.value_len,
             Arc::clone(&self.io),
-            Some(Arc::clone(&entry.pin)),
-        );
-        if lru {
-            let old = entry.rank;
-            entry.rank = (reads, old.1);
-            let rank = entry.rank;
-            if let Some(name) = self.order.remove(&old) {
-                self.order.insert(rank, name);
-            }
-        }
-        Ok(plan)
+            Some(entry.handle.pin),
+        ))
     }
 
     fn remove(&mut self, key: &str) -> bool {
-        match self.forget(key) {
+        match self.index.forget(key) {
             Some(entry) => {
                 self.drop_entries(vec![(key.to_string(), entry)]);
                 true
@@ -669,12 +622,9 @@ impl StorageBackend for OffsetAllocatorStore {
     }
 
     fn remove_all(&mut self) -> usize {
-        let keys: Vec<String> = self.index.keys().cloned().collect();
-        let dropped: Vec<(String, Entry)> = keys
-            .iter()
-            .filter_map(|key| self.forget(key).map(|entry| (key.clone(), entry)))
-            .collect();
+        let dropped = self.index.clear();
+        let count = dropped.len();
         self.drop_entries(dropped);
-        keys.len()
+        count
     }
 }

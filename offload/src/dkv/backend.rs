@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::{DkvClient, DkvError, scan_all};
 use crate::backend::{
     Eviction, Limits, PreparedBatch, Progress, ReadPlan, RecoveryReport, Room, StorageBackend,
-    StoreError, append_record, check_batch, foreign_batch, record_len,
+    StoreError, check_batch, encode_record, foreign_batch, record_len,
 };
 use crate::config::EvictionPolicy;
 use crate::object_index::ObjectIndex;
@@ -145,9 +145,7 @@ impl StorageBackend for DkvStore {
         let records: Vec<(Vec<u8>, Vec<u8>)> = objects
             .iter()
             .map(|(key, value)| {
-                let mut record =
-                    Vec::with_capacity(usize::try_from(record_len(key, value)).unwrap_or(0));
-                append_record(&mut record, key, value);
+                let record = encode_record(key, value);
                 (self.store_key(key), record)
             })
             .collect();
