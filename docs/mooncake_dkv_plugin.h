@@ -32,15 +32,20 @@ extern "C" {
 #define MOONCAKE_DKV_FULL 3             /* the store has no room */
 #define MOONCAKE_DKV_ERROR 4            /* anything else (the store logs why) */
 
-/* One key of a batch. For put: value/len are the value. For get: value/len are the
- * destination and its capacity, and `len` is set to the value's length on return
- * (also when the result is MOONCAKE_DKV_TOO_SMALL). For exists and delete: value is
- * NULL. */
+/* One key of a batch. For put: value/len are the value (tail is NULL). For get: the
+ * destination is split in two: the value's first `len` bytes go to `value`, the rest to
+ * `tail` (capacity `tail_len`; `value` may have len 0), so the caller's record header
+ * and payload land where they belong without another copy. On return `len` is set to
+ * the value's whole length (also when the result is MOONCAKE_DKV_TOO_SMALL, that is,
+ * when the value is longer than len + tail_len). For exists and delete: value and tail
+ * are NULL. */
 typedef struct mooncake_dkv_item {
     const uint8_t *key;
     uint32_t key_len;
     uint8_t *value;
     uint64_t len;
+    uint8_t *tail;
+    uint64_t tail_len;
 } mooncake_dkv_item;
 
 /* One key found by a scan, with its value's length. `key` is owned by the plugin until

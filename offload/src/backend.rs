@@ -361,24 +361,22 @@ impl ReadPlan {
         }
     }
 
-    /// Reads the record from a distributed KV store and checks it.
+    /// Reads the record from a distributed KV store and checks it: header and key
+    /// into a small buffer, the value straight into `value`.
     fn read_from_store(
         &self,
         client: &dyn crate::dkv::DkvClient,
         store_key: &[u8],
         value: &mut [u8],
     ) -> Result<u64, StoreError> {
-        let mut record = vec![0u8; HEADER_LEN + self.key.len() + value.len()];
+        let mut head = vec![0u8; HEADER_LEN + self.key.len()];
+        let record_len = (head.len() + value.len()) as u64;
         let got = client
-            .batch_get(&mut [(store_key, &mut record[..])])
+            .batch_get(&mut [crate::dkv::GetInto::split(store_key, &mut head, value)])
             .pop()
             .unwrap_or(Err(crate::dkv::DkvError::Store("no result".into())));
         match got {
-            Ok(len) if len == record.len() as u64 => {
-                let (head, body) = record.split_at(HEADER_LEN + self.key.len());
-                value.copy_from_slice(body);
-                self.check(head, value)
-            }
+            Ok(len) if len == record_len => self.check(&head, value),
             Err(crate::dkv::DkvError::NotFound) => Err(StoreError::NotFound),
             // Another length: not this object's record.
             Ok(_) | Err(crate::dkv::DkvError::TooSmall { .. }) => {
@@ -576,9 +574,11 @@ fn open_dkv_client(config: &OffloadConfig) -> Result<Arc<dyn crate::dkv::DkvClie
                 .map(|client| Arc::new(client) as Arc<dyn crate::dkv::DkvClient>)
                 .map_err(|error| StoreError::Setup(error.to_string()))
         }
-        crate::config::DkvClientKind::Redis => Err(StoreError::Unsupported(
-            "the Redis client of distributed_kv_storage_backend (MOONCAKE_OFFLOAD_DKV_CLIENT=redis); use MOONCAKE_OFFLOAD_DKV_CLIENT=plugin",
-        )),
+        crate::config::DkvClientKind::Redis => {
+            crate::dkv::redis::RedisClient::open(&config.dkv_url, config.dkv_tls_ca_file.as_deref())
+                .map(|client| Arc::new(client) as Arc<dyn crate::dkv::DkvClient>)
+                .map_err(|error| StoreError::Setup(error.to_string()))
+        }
     }
 }
 

@@ -98,8 +98,12 @@ pub struct OffloadConfig {
     pub dkv_client: DkvClientKind,
     /// `MOONCAKE_OFFLOAD_DKV_PLUGIN`: the plugin library (client `plugin`).
     pub dkv_plugin: Option<PathBuf>,
-    /// `MOONCAKE_OFFLOAD_DKV_URL` (empty): the store's address (given to a plugin).
+    /// `MOONCAKE_OFFLOAD_DKV_URL` (empty): the store's address (Redis URL, list of
+    /// cluster nodes, or a plugin's configuration string).
     pub dkv_url: String,
+    /// `MOONCAKE_OFFLOAD_DKV_TLS_CA_FILE`: CA certificates (PEM) trusted for
+    /// `rediss://` instead of the system's.
+    pub dkv_tls_ca_file: Option<PathBuf>,
     /// `MOONCAKE_OFFLOAD_DKV_NAMESPACE` (`mooncake`): prefix of every key in the store.
     pub dkv_namespace: String,
 }
@@ -284,6 +288,10 @@ impl OffloadConfig {
             dkv_url: env
                 .raw(&["MOONCAKE_OFFLOAD_DKV_URL"])
                 .map_or_else(String::new, |(_, v)| v),
+            dkv_tls_ca_file: env
+                .raw(&["MOONCAKE_OFFLOAD_DKV_TLS_CA_FILE"])
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(_, v)| v.into()),
             dkv_namespace: env.parsed(
                 &["MOONCAKE_OFFLOAD_DKV_NAMESPACE"],
                 "mooncake".to_string(),

@@ -1,12 +1,13 @@
-//! The conformance suite every distributed-KV client passes, run here against the C
-//! plugin interface with the in-repo test plugin (`tests/plugin/memory_plugin.c`,
-//! built by this test with the system C compiler), and the plugin loader's errors.
+//! The distributed-KV conformance suite run against the C plugin interface with the
+//! in-repo test plugin (`tests/plugin/memory_plugin.c`, built by this test with the
+//! system C compiler), the plugin loader's errors, and the backend over the plugin.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use mooncake_offload::dkv::plugin::{PluginClient, PluginError};
-use mooncake_offload::dkv::{DkvClient, DkvError, scan_all};
+use mooncake_offload::dkv::conformance::{check as conformance, value};
+use mooncake_offload::dkv::{DkvClient, DkvError, GetInto};
 
 /// Compiles C `source` into a shared library named `name` in the test's scratch
 /// directory; returns its path.
@@ -37,78 +38,6 @@ fn test_plugin() -> PathBuf {
         .clone()
 }
 
-fn value(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| seed ^ (i % 251).to_le_bytes()[0])
-        .collect()
-}
-
-/// The contract of `DkvClient`, for any implementation holding no keys under `ns`.
-fn conformance(client: &dyn DkvClient, ns: &str) {
-    let key = |name: &str| format!("{ns}/{name}").into_bytes();
-    let (a, b, missing) = (key("a"), key("b"), key("missing"));
-    let (va, vb) = (value(1, 70_000), value(2, 10));
-    let put = client.batch_put(&[(&a, &va), (&b, &vb), (b"", b"x"), (&key("e"), b"")]);
-    assert_eq!(put[..2], [Ok(()), Ok(())]);
-    assert!(matches!(put[2], Err(DkvError::Invalid(_))), "empty key");
-    assert!(matches!(put[3], Err(DkvError::Invalid(_))), "empty value");
-
-    // Reads land in the caller's buffers, per key.
-    let mut dest_a = vec![0u8; 80_000];
-    let mut dest_b = [0u8; 5];
-    let mut dest_m = [0u8; 5];
-    let got = client.batch_get(&mut [
-        (&a, &mut dest_a[..]),
-        (&b, &mut dest_b[..]),
-        (&missing, &mut dest_m[..]),
-    ]);
-    assert_eq!(got[0], Ok(70_000));
-    assert!(dest_a[..70_000] == va[..]);
-    assert_eq!(got[1], Err(DkvError::TooSmall { need: 10, have: 5 }));
-    assert_eq!(got[2], Err(DkvError::NotFound));
-    assert_eq!(
-        client.batch_exists(&[&a, &missing]),
-        vec![Ok(true), Ok(false)]
-    );
-
-    // Overwrite replaces; delete removes (a missing key is fine).
-    let va2 = value(3, 100);
-    assert_eq!(client.batch_put(&[(&a, &va2)]), vec![Ok(())]);
-    let mut dest = vec![0u8; 100];
-    assert_eq!(client.batch_get(&mut [(&a, &mut dest[..])]), vec![Ok(100)]);
-    assert_eq!(dest, va2);
-    assert_eq!(client.batch_delete(&[&b, &missing]), vec![Ok(()), Ok(())]);
-    assert_eq!(client.batch_exists(&[&b]), vec![Ok(false)]);
-
-    // Scan: every key under the prefix exactly once, whatever the page size.
-    let names: Vec<Vec<u8>> = (0..250).map(|i| key(&format!("scan/{i:03}"))).collect();
-    let values: Vec<Vec<u8>> = (0..250u8).map(|i| value(i, 1 + usize::from(i))).collect();
-    let items: Vec<(&[u8], &[u8])> = names
-        .iter()
-        .map(Vec::as_slice)
-        .zip(values.iter().map(Vec::as_slice))
-        .collect();
-    assert!(client.batch_put(&items).iter().all(Result::is_ok));
-    for page in [1, 7, 64, 1000] {
-        let mut found = scan_all(client, &key("scan/"), page).expect("scan");
-        found.sort();
-        assert_eq!(found.len(), 250, "page {page}");
-        for (i, (name, len)) in found.iter().enumerate() {
-            assert_eq!(name, &names[i]);
-            assert_eq!(*len, 1 + i as u64);
-        }
-    }
-    let others = scan_all(client, &key("nothing-here/"), 10).expect("scan");
-    assert!(others.is_empty());
-    let keys: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
-    assert!(client.batch_delete(&keys).iter().all(Result::is_ok));
-    assert!(
-        scan_all(client, &key("scan/"), 64)
-            .expect("scan")
-            .is_empty()
-    );
-}
-
 #[test]
 fn the_test_plugin_passes_the_conformance_suite() {
     let client = PluginClient::open(&test_plugin(), "").expect("open");
@@ -130,7 +59,7 @@ fn the_plugin_is_shared_by_threads() {
                     assert_eq!(client.batch_put(&[(&key, &v)]), vec![Ok(())]);
                     let mut dest = vec![0u8; v.len()];
                     assert_eq!(
-                        client.batch_get(&mut [(&key, &mut dest[..])]),
+                        client.batch_get(&mut [GetInto::new(&key, &mut dest)]),
                         vec![Ok(v.len() as u64)]
                     );
                     assert_eq!(dest, v);

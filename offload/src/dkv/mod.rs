@@ -1,14 +1,18 @@
 //! Distributed KV stores as a tier behind the SSD tier's backend interface: the
-//! contract every store client meets ([`DkvClient`]), its implementations (a C plugin
-//! loaded at run time, [`plugin`]) and `distributed_kv_storage_backend` on top of it
-//! ([`backend`]).
+//! contract every store client meets ([`DkvClient`]), its implementations (Redis or
+//! Valkey, [`redis`]; a C plugin loaded at run time, [`plugin`]) and
+//! `distributed_kv_storage_backend` on top of it ([`backend`]).
 //!
 //! Every call is a batch with one result per key, so a client can pipeline. Reads land
-//! in the caller's buffers. `scan` lists keys by prefix with a restartable cursor, so a
-//! node can rebuild its index from the store after a restart.
+//! in the caller's buffers ([`GetInto`]: a value can be split over two, so a record's
+//! header and its payload go to different places without another copy). `scan` lists
+//! keys by prefix with a restartable cursor, so a node can rebuild its index from the
+//! store after a restart.
 
 pub mod backend;
+pub mod conformance;
 pub mod plugin;
+pub mod redis;
 
 /// Why a call on one key (or a whole batch) failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -35,6 +39,55 @@ pub enum DkvError {
     Store(String),
 }
 
+/// One key of a [`DkvClient::batch_get`] and where its value goes: the first
+/// `head.len()` bytes into `head`, the rest into `body`.
+#[derive(Debug)]
+pub struct GetInto<'a> {
+    /// The key to read.
+    pub key: &'a [u8],
+    /// Where the value starts (may be empty).
+    pub head: &'a mut [u8],
+    /// Where the value continues after `head`.
+    pub body: &'a mut [u8],
+}
+
+impl<'a> GetInto<'a> {
+    /// Reads `key` into `dest`.
+    pub fn new(key: &'a [u8], dest: &'a mut [u8]) -> Self {
+        GetInto {
+            key,
+            head: &mut [],
+            body: dest,
+        }
+    }
+
+    /// Reads `key` into `head`, continuing in `body`.
+    pub fn split(key: &'a [u8], head: &'a mut [u8], body: &'a mut [u8]) -> Self {
+        GetInto { key, head, body }
+    }
+
+    /// Bytes the destination holds.
+    pub fn capacity(&self) -> u64 {
+        (self.head.len() + self.body.len()) as u64
+    }
+
+    /// Copies `value` into the destination; its length, or
+    /// [`TooSmall`](DkvError::TooSmall) (nothing copied).
+    pub fn fill(&mut self, value: &[u8]) -> Result<u64, DkvError> {
+        let need = value.len() as u64;
+        if need > self.capacity() {
+            return Err(DkvError::TooSmall {
+                need,
+                have: self.capacity(),
+            });
+        }
+        let (first, rest) = value.split_at(value.len().min(self.head.len()));
+        self.head[..first.len()].copy_from_slice(first);
+        self.body[..rest.len()].copy_from_slice(rest);
+        Ok(need)
+    }
+}
+
 /// One page of a [`DkvClient::scan`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScanPage {
@@ -53,7 +106,7 @@ pub trait DkvClient: Send + Sync + std::fmt::Debug {
     fn batch_put(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), DkvError>>;
 
     /// Reads every key into its destination; one result per item: the value's length.
-    fn batch_get(&self, items: &mut [(&[u8], &mut [u8])]) -> Vec<Result<u64, DkvError>>;
+    fn batch_get(&self, items: &mut [GetInto<'_>]) -> Vec<Result<u64, DkvError>>;
 
     /// Whether each key exists.
     fn batch_exists(&self, keys: &[&[u8]]) -> Vec<Result<bool, DkvError>>;
@@ -61,27 +114,29 @@ pub trait DkvClient: Send + Sync + std::fmt::Debug {
     /// Deletes every key (a missing key is not an error); one result per key.
     fn batch_delete(&self, keys: &[&[u8]]) -> Vec<Result<(), DkvError>>;
 
-    /// Up to `page` keys starting with `prefix`, from `cursor` (`None` to start).
+    /// About `page` keys starting with `prefix`, from `cursor` (`None` to start). A
+    /// key present for the whole listing is returned at least once; one written or
+    /// deleted meanwhile may or may not be (as Redis `SCAN` promises).
     fn scan(&self, prefix: &[u8], cursor: Option<u64>, page: u32) -> Result<ScanPage, DkvError>;
 
     /// Bytes the store can hold for this client, when it can tell.
     fn capacity(&self) -> Option<u64>;
 }
 
-/// Every key starting with `prefix`, page by page.
+/// Every key starting with `prefix`, page by page, each once.
 pub fn scan_all(
     client: &dyn DkvClient,
     prefix: &[u8],
     page: u32,
 ) -> Result<Vec<(Vec<u8>, u64)>, DkvError> {
-    let mut keys = Vec::new();
+    let mut keys = std::collections::HashMap::new();
     let mut cursor = None;
     loop {
         let found = client.scan(prefix, cursor, page)?;
         keys.extend(found.keys);
         match found.cursor {
             Some(next) => cursor = Some(next),
-            None => return Ok(keys),
+            None => return Ok(keys.into_iter().collect()),
         }
     }
 }

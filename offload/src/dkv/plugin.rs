@@ -10,7 +10,7 @@ use std::path::Path;
 
 use libloading::Library;
 
-use super::{DkvClient, DkvError, ScanPage};
+use super::{DkvClient, DkvError, GetInto, ScanPage};
 
 /// The interface version this build speaks.
 pub const ABI_VERSION: u32 = 1;
@@ -27,6 +27,8 @@ struct Item {
     key_len: u32,
     value: *mut u8,
     len: u64,
+    tail: *mut u8,
+    tail_len: u64,
 }
 
 /// `mooncake_dkv_entry` of the header.
@@ -228,6 +230,8 @@ fn key_item(key: &[u8]) -> Result<Item, DkvError> {
         key_len: u32::try_from(key.len()).unwrap_or(0),
         value: std::ptr::null_mut(),
         len: 0,
+        tail: std::ptr::null_mut(),
+        tail_len: 0,
     })
 }
 
@@ -298,15 +302,17 @@ impl DkvClient for PluginClient {
         )
     }
 
-    fn batch_get(&self, items: &mut [(&[u8], &mut [u8])]) -> Vec<Result<u64, DkvError>> {
-        let capacities: Vec<u64> = items.iter().map(|(_, dest)| dest.len() as u64).collect();
+    fn batch_get(&self, items: &mut [GetInto<'_>]) -> Vec<Result<u64, DkvError>> {
+        let capacities: Vec<u64> = items.iter().map(GetInto::capacity).collect();
         let prepared = items
             .iter_mut()
-            .map(|(key, dest)| {
-                key_item(key).map(|item| Item {
-                    value: dest.as_mut_ptr(),
-                    len: dest.len() as u64,
-                    ..item
+            .map(|item| {
+                key_item(item.key).map(|key| Item {
+                    value: item.head.as_mut_ptr(),
+                    len: item.head.len() as u64,
+                    tail: item.body.as_mut_ptr(),
+                    tail_len: item.body.len() as u64,
+                    ..key
                 })
             })
             .collect();

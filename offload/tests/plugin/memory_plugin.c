@@ -97,10 +97,13 @@ static int32_t put_one(store *s, mooncake_dkv_item *item) {
 static int32_t get_one(store *s, mooncake_dkv_item *item) {
     entry *e = find(s, item->key, item->key_len);
     if (!e) return MOONCAKE_DKV_NOT_FOUND;
-    uint64_t capacity = item->len;
+    uint64_t head = item->len;
+    uint64_t capacity = head + (item->tail ? item->tail_len : 0);
     item->len = e->len;
     if (e->len > capacity) return MOONCAKE_DKV_TOO_SMALL;
-    memcpy(item->value, e->value, e->len);
+    uint64_t first = e->len < head ? e->len : head;
+    if (first) memcpy(item->value, e->value, first);
+    if (e->len > first) memcpy(item->tail, e->value + first, e->len - first);
     return MOONCAKE_DKV_OK;
 }
 

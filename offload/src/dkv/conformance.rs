@@ -1,0 +1,100 @@
+//! The conformance suite every [`DkvClient`] passes: per-key results, reads into the
+//! caller's buffers (whole or split), overwrite, delete, and a complete paged scan.
+//! The crate's tests run it against the Redis client and the C plugin interface; a
+//! vendor runs it against a new plugin the same way. It panics at the first broken
+//! promise, naming it.
+
+use super::{DkvClient, DkvError, GetInto, scan_all};
+
+/// `len` bytes that differ per `seed` and position.
+pub fn value(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed ^ (i % 251).to_le_bytes()[0])
+        .collect()
+}
+
+/// Checks the contract on `client`, using only keys under `ns/` (which must be
+/// empty), and deletes what it wrote.
+///
+/// # Panics
+/// At the first broken promise.
+pub fn check(client: &dyn DkvClient, ns: &str) {
+    let key = |name: &str| format!("{ns}/{name}").into_bytes();
+    let (a, b, missing) = (key("a"), key("b"), key("missing"));
+    let (va, vb) = (value(1, 70_000), value(2, 10));
+    let put = client.batch_put(&[(&a, &va), (&b, &vb), (b"", b"x"), (&key("e"), b"")]);
+    assert_eq!(put[..2], [Ok(()), Ok(())]);
+    assert!(matches!(put[2], Err(DkvError::Invalid(_))), "empty key");
+    assert!(matches!(put[3], Err(DkvError::Invalid(_))), "empty value");
+
+    // Reads land in the caller's buffers, per key.
+    let mut dest_a = vec![0u8; 80_000];
+    let mut dest_b = [0u8; 5];
+    let mut dest_m = [0u8; 5];
+    let got = client.batch_get(&mut [
+        GetInto::new(&a, &mut dest_a),
+        GetInto::new(&b, &mut dest_b),
+        GetInto::new(&missing, &mut dest_m),
+    ]);
+    assert_eq!(got[0], Ok(70_000));
+    assert!(dest_a[..70_000] == va[..], "value read back");
+    assert_eq!(got[1], Err(DkvError::TooSmall { need: 10, have: 5 }));
+    assert_eq!(got[2], Err(DkvError::NotFound));
+    // Split destinations: the first bytes in one buffer, the rest in another.
+    let (mut head, mut body) = ([0u8; 24], vec![0u8; 69_976]);
+    let got = client.batch_get(&mut [GetInto::split(&a, &mut head, &mut body)]);
+    assert_eq!(got, vec![Ok(70_000)]);
+    assert!(head[..] == va[..24] && body[..] == va[24..], "split read");
+    let (mut head, mut body) = ([0u8; 8], [0u8; 1]);
+    let got = client.batch_get(&mut [GetInto::split(&b, &mut head, &mut body)]);
+    assert_eq!(got, vec![Err(DkvError::TooSmall { need: 10, have: 9 })]);
+    assert_eq!(
+        client.batch_exists(&[&a, &missing]),
+        vec![Ok(true), Ok(false)]
+    );
+
+    // Overwrite replaces; delete removes (a missing key is fine).
+    let va2 = value(3, 100);
+    assert_eq!(client.batch_put(&[(&a, &va2)]), vec![Ok(())]);
+    let mut dest = vec![0u8; 100];
+    assert_eq!(
+        client.batch_get(&mut [GetInto::new(&a, &mut dest)]),
+        vec![Ok(100)]
+    );
+    assert_eq!(dest, va2);
+    assert_eq!(client.batch_delete(&[&b, &missing]), vec![Ok(()), Ok(())]);
+    assert_eq!(client.batch_exists(&[&b]), vec![Ok(false)]);
+
+    // Scan: every key under the prefix, once, whatever the page size.
+    let names: Vec<Vec<u8>> = (0..250).map(|i| key(&format!("scan/{i:03}"))).collect();
+    let values: Vec<Vec<u8>> = (0..250u8).map(|i| value(i, 1 + usize::from(i))).collect();
+    let items: Vec<(&[u8], &[u8])> = names
+        .iter()
+        .map(Vec::as_slice)
+        .zip(values.iter().map(Vec::as_slice))
+        .collect();
+    assert!(client.batch_put(&items).iter().all(Result::is_ok));
+    for page in [1, 7, 64, 1000] {
+        let mut found = scan_all(client, &key("scan/"), page).expect("scan");
+        found.sort();
+        assert_eq!(found.len(), 250, "page {page}");
+        for (i, (name, len)) in found.iter().enumerate() {
+            assert_eq!(name, &names[i]);
+            assert_eq!(*len, 1 + i as u64);
+        }
+    }
+    // Glob characters in a prefix are plain characters.
+    let star = key("st*r/1");
+    assert_eq!(client.batch_put(&[(&star, b"v")]), vec![Ok(())]);
+    assert_eq!(
+        scan_all(client, &key("st*r/"), 10).expect("scan"),
+        vec![(star.clone(), 1)]
+    );
+    assert!(scan_all(client, &key("s*/"), 10).expect("scan").is_empty());
+    let others = scan_all(client, &key("nothing-here/"), 10).expect("scan");
+    assert!(others.is_empty());
+    let mut keys: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
+    keys.extend([a.as_slice(), star.as_slice()]);
+    assert!(client.batch_delete(&keys).iter().all(Result::is_ok));
+    assert!(scan_all(client, &key(""), 64).expect("scan").is_empty());
+}
