@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use mooncake_offload::dkv::plugin::{PluginClient, PluginError};
 use mooncake_offload::dkv::conformance::{check as conformance, value};
+use mooncake_offload::dkv::plugin::{PluginClient, PluginError};
 use mooncake_offload::dkv::{DkvClient, DkvError, GetInto};
 
 /// Compiles C `source` into a shared library named `name` in the test's scratch

@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use mooncake_core::protocol::address::SocketAddress;
 
+pub mod offload;
+pub mod redis;
+
 /// Path of a binary built in this workspace.
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");

@@ -1,37 +1,13 @@
 //! SSD tier tests: a real `mooncake_master --enable_offload`, real clients with
 //! `--enable_offload` writing to temporary directories, dummies reading through them.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use mooncake_dummy_client::{DummyClient, ErrorCode, ReplicaLocation, ReplicateConfig};
+use mooncake_dummy_client::{DummyClient, ErrorCode, ReplicateConfig};
+use mooncake_integration_tests::offload::{
+    TempDir, assert_gone, comes_back, dummy, on_disk, only_on_disk, put_and_offload, value,
+};
 use mooncake_integration_tests::{MasterProcess, RealClientProcess, eventually};
-
-/// A fresh directory, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "mooncake-offload-{name}-{}-{}",
-            std::process::id(),
-            mooncake_integration_tests::unique_port()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("mkdir");
-        TempDir(dir)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().expect("utf-8 path")
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A node with the SSD tier in `dir` (one offload round per second, 1 GiB of disk at
 /// most) on `backend`, through io_uring when `uring`. Otherwise the node inherits
@@ -63,69 +39,6 @@ fn disk_node_with(
 const BUCKETS: &str = "bucket_storage_backend";
 const FILE_PER_KEY: &str = "file_per_key_storage_backend";
 const ONE_FILE: &str = "offset_allocator_storage_backend";
-
-fn dummy(node: &RealClientProcess) -> DummyClient {
-    DummyClient::setup_dummy(64 << 20, 8 << 20, Some(&node.address())).expect("setup_dummy")
-}
-
-fn value(i: usize, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|j| (j.wrapping_mul(31) ^ i.wrapping_mul(7)).to_le_bytes()[0])
-        .collect()
-}
-
-fn on_disk(client: &DummyClient, key: &str) -> bool {
-    client.get_replica_desc(key).is_ok_and(|replicas| {
-        replicas
-            .iter()
-            .any(|r| matches!(r.location, ReplicaLocation::Disk { .. }))
-    })
-}
-
-fn only_on_disk(client: &DummyClient, key: &str) -> bool {
-    client.get_replica_desc(key).is_ok_and(|replicas| {
-        replicas
-            .iter()
-            .all(|r| matches!(r.location, ReplicaLocation::Disk { .. }))
-    })
-}
-
-/// Waits (10 s at most) until `key` reads back as `value(i, 1 MiB)`.
-fn comes_back(client: &DummyClient, key: &str, i: usize) -> bool {
-    eventually(Duration::from_secs(10), || {
-        client.get(key).is_ok_and(|v| v == value(i, 1 << 20))
-    })
-}
-
-/// Asserts that `key` reads as not found.
-fn assert_gone(client: &DummyClient, key: &str, why: &str) {
-    assert_eq!(
-        client.get(key).map(|_| ()),
-        Err(ErrorCode::OBJECT_NOT_FOUND),
-        "{key}: {why}"
-    );
-}
-
-/// Puts `count` objects of 1 MiB named `<prefix><i>` on `node` and waits until they
-/// are all on its disk.
-fn put_and_offload(client: &DummyClient, node: &RealClientProcess, prefix: &str, count: usize) {
-    let config = ReplicateConfig {
-        preferred_segment: node.segment_name(),
-        ..ReplicateConfig::default()
-    };
-    for i in 0..count {
-        client
-            .put(&format!("{prefix}{i}"), &value(i, 1 << 20), &config)
-            .expect("put");
-    }
-    let all = eventually(Duration::from_secs(10), || {
-        (0..count).all(|i| on_disk(client, &format!("{prefix}{i}")))
-    });
-    let missing: Vec<usize> = (0..count)
-        .filter(|i| !on_disk(client, &format!("{prefix}{i}")))
-        .collect();
-    assert!(all, "objects {prefix}{missing:?} did not reach the disk");
-}
 
 #[test]
 fn evicted_objects_are_read_from_disk_through_any_node_and_survive_restarts() {
@@ -239,7 +152,7 @@ fn a_damaged_bucket_loses_only_its_damaged_objects() {
     drop(client);
     node.kill9();
     // Flip one byte in the value of some object of every bucket file.
-    for entry in std::fs::read_dir(&dir.0).expect("list") {
+    for entry in std::fs::read_dir(dir.path()).expect("list") {
         let path = entry.expect("entry").path();
         if path.extension().is_some_and(|e| e == "bucket") {
             let mut bytes = std::fs::read(&path).expect("read");
@@ -265,7 +178,7 @@ fn a_damaged_bucket_loses_only_its_damaged_objects() {
 }
 
 fn dir_bytes(dir: &TempDir) -> u64 {
-    std::fs::read_dir(&dir.0)
+    std::fs::read_dir(dir.path())
         .expect("list")
         .filter_map(|e| e.ok()?.metadata().ok())
         .map(|m| m.len())
@@ -491,96 +404,4 @@ fn with_offload_on_evict_only_objects_leaving_memory_are_written() {
     for i in [0, 1, 2] {
         assert!(client.get(&format!("e{i}")).expect("from disk") == value(i, 1 << 20));
     }
-}
-
-/// The in-repo test plugin of the distributed-KV interface, built with the C compiler.
-fn memory_plugin() -> PathBuf {
-    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../offload/tests/plugin/memory_plugin.c");
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("libmemory_plugin_it-{}.so", std::process::id()));
-    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let status = std::process::Command::new(&compiler)
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&out)
-        .arg(&source)
-        .arg("-lpthread")
-        .status()
-        .expect("run the C compiler");
-    assert!(status.success(), "building the test plugin failed");
-    out
-}
-
-#[test]
-fn the_distributed_kv_backend_keeps_evicted_objects_readable_through_any_node() {
-    let plugin = memory_plugin();
-    let master = MasterProcess::start(&["--enable_offload=true"]);
-    let a = RealClientProcess::join_with_env(
-        &master,
-        "16MB",
-        &["--enable_offload=true"],
-        &[
-            (
-                "MOONCAKE_OFFLOAD_STORAGE_BACKEND_DESCRIPTOR",
-                "distributed_kv_storage_backend",
-            ),
-            ("MOONCAKE_OFFLOAD_DKV_CLIENT", "plugin"),
-            (
-                "MOONCAKE_OFFLOAD_DKV_PLUGIN",
-                plugin.to_str().expect("utf-8"),
-            ),
-            ("MOONCAKE_OFFLOAD_DKV_NAMESPACE", "it-cluster"),
-            ("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1"),
-        ],
-    );
-    let via_a = dummy(&a);
-    put_and_offload(&via_a, &a, "first-", 8);
-    for wave in 0..6 {
-        put_and_offload(&via_a, &a, &format!("more{wave}-"), 4);
-    }
-    assert!(
-        only_on_disk(&via_a, "first-0"),
-        "first-0 is still in memory"
-    );
-    let b = RealClientProcess::join(&master, "64MB", &[]);
-    let via_b = dummy(&b);
-    for i in 0..8 {
-        let key = format!("first-{i}");
-        assert!(
-            via_a.get(&key).expect("via A") == value(i, 1 << 20),
-            "{key} via A"
-        );
-        assert!(
-            via_b.get(&key).expect("via B") == value(i, 1 << 20),
-            "{key} via B"
-        );
-    }
-    assert_eq!(via_b.remove("first-0", true), Ok(()));
-    assert_gone(&via_a, "first-0", "removed");
-}
-
-#[test]
-fn a_bad_distributed_kv_setting_stops_the_node_with_the_variable_named() {
-    let master = MasterProcess::start(&["--enable_offload=true"]);
-    let output = std::process::Command::new(mooncake_integration_tests::binary("mooncake_client"))
-        .args([
-            format!("--port={}", mooncake_integration_tests::unique_port()),
-            format!("--master_server_address={}", master.address()),
-            "--enable_offload=true".into(),
-            "--global_segment_size=16MB".into(),
-        ])
-        .env(
-            "MOONCAKE_OFFLOAD_STORAGE_BACKEND_DESCRIPTOR",
-            "distributed_kv_storage_backend",
-        )
-        .env("MOONCAKE_OFFLOAD_DKV_CLIENT", "plugin")
-        .env("MOONCAKE_OFFLOAD_DKV_PLUGIN", "/nonexistent/libstore.so")
-        .output()
-        .expect("run mooncake_client");
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("MOONCAKE_OFFLOAD_DKV_PLUGIN=/nonexistent/libstore.so"),
-        "{stderr}"
-    );
 }

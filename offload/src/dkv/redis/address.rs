@@ -83,13 +83,12 @@ impl Address {
             .iter()
             .map(|url| parse_one(url))
             .collect::<Result<Vec<_>, _>>()?;
-        if nodes.len() > 1 {
-            if let Some(unix) = urls.iter().find(|u| u.contains("unix")) {
-                return Err(SetupError::Syntax {
-                    shown: hide_password(unix),
-                    reason: "cluster nodes are reached over TCP, not a Unix socket".into(),
-                });
-            }
+        let unix = urls.iter().find(|u| u.contains("unix"));
+        if let (true, Some(unix)) = (nodes.len() > 1, unix) {
+            return Err(SetupError::Syntax {
+                shown: hide_password(unix),
+                reason: "cluster nodes are reached over TCP, not a Unix socket".into(),
+            });
         }
         Ok(Address { nodes, shown })
     }
@@ -143,7 +142,9 @@ pub fn hide_password(url: &str) -> String {
         return url.to_string();
     };
     let user_info = &rest[..at];
-    let user = user_info.split_once(':').map_or(user_info, |(user, _)| user);
+    let user = user_info
+        .split_once(':')
+        .map_or(user_info, |(user, _)| user);
     let hidden = if user_info.contains(':') {
         format!("{user}:***")
     } else {

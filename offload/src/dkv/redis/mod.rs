@@ -105,7 +105,12 @@ impl RedisClient {
                 .into_iter()
                 .map(|reply| reply.map_err(|e| store_error(&e)))
                 .collect(),
-            _ => vec![Err(DkvError::Store("the Redis client's I/O thread stopped".into())); count],
+            _ => vec![
+                Err(DkvError::Store(
+                    "the Redis client's I/O thread stopped".into()
+                ));
+                count
+            ],
         }
     }
 
@@ -548,6 +553,9 @@ mod tests {
             error.starts_with(&format!("{URL_VARIABLE}=redis://:***@127.0.0.1:{port}/0")),
             "{error}"
         );
-        assert!(!error.contains("hunter2") && !error.contains('\n'), "{error}");
+        assert!(
+            !error.contains("hunter2") && !error.contains('\n'),
+            "{error}"
+        );
     }
 }

@@ -1,0 +1,105 @@
+//! Helpers of the SSD-tier tests: scratch directories, test values, dummies on a node,
+//! and checks of where the master says an object lives.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mooncake_dummy_client::{DummyClient, ErrorCode, ReplicaLocation, ReplicateConfig};
+
+use crate::{RealClientProcess, eventually};
+
+/// A fresh directory, removed when dropped.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// A directory named after `name`, this process and a counter.
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "mooncake-offload-{name}-{}-{}",
+            std::process::id(),
+            crate::unique_port()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        TempDir(dir)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &str {
+        self.0.to_str().expect("utf-8 path")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A dummy (64 MiB pool, 8 MiB staging) of `node`.
+pub fn dummy(node: &RealClientProcess) -> DummyClient {
+    DummyClient::setup_dummy(64 << 20, 8 << 20, Some(&node.address())).expect("setup_dummy")
+}
+
+/// `len` bytes that differ per `i` and position.
+pub fn value(i: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| (j.wrapping_mul(31) ^ i.wrapping_mul(7)).to_le_bytes()[0])
+        .collect()
+}
+
+/// True when the master lists a disk copy of `key`.
+pub fn on_disk(client: &DummyClient, key: &str) -> bool {
+    client.get_replica_desc(key).is_ok_and(|replicas| {
+        replicas
+            .iter()
+            .any(|r| matches!(r.location, ReplicaLocation::Disk { .. }))
+    })
+}
+
+/// True when every copy of `key` the master lists is on disk.
+pub fn only_on_disk(client: &DummyClient, key: &str) -> bool {
+    client.get_replica_desc(key).is_ok_and(|replicas| {
+        replicas
+            .iter()
+            .all(|r| matches!(r.location, ReplicaLocation::Disk { .. }))
+    })
+}
+
+/// Waits (10 s at most) until `key` reads back as `value(i, 1 MiB)`.
+pub fn comes_back(client: &DummyClient, key: &str, i: usize) -> bool {
+    eventually(Duration::from_secs(10), || {
+        client.get(key).is_ok_and(|v| v == value(i, 1 << 20))
+    })
+}
+
+/// Asserts that `key` reads as not found.
+pub fn assert_gone(client: &DummyClient, key: &str, why: &str) {
+    assert_eq!(
+        client.get(key).map(|_| ()),
+        Err(ErrorCode::OBJECT_NOT_FOUND),
+        "{key}: {why}"
+    );
+}
+
+/// Puts `count` objects of 1 MiB named `<prefix><i>` on `node` and waits until they
+/// are all on its disk.
+pub fn put_and_offload(client: &DummyClient, node: &RealClientProcess, prefix: &str, count: usize) {
+    let config = ReplicateConfig {
+        preferred_segment: node.segment_name(),
+        ..ReplicateConfig::default()
+    };
+    for i in 0..count {
+        client
+            .put(&format!("{prefix}{i}"), &value(i, 1 << 20), &config)
+            .expect("put");
+    }
+    let all = eventually(Duration::from_secs(10), || {
+        (0..count).all(|i| on_disk(client, &format!("{prefix}{i}")))
+    });
+    let missing: Vec<usize> = (0..count)
+        .filter(|i| !on_disk(client, &format!("{prefix}{i}")))
+        .collect();
+    assert!(all, "objects {prefix}{missing:?} did not reach the disk");
+}

@@ -1,0 +1,235 @@
+//! Private `redis-server` processes on loopback (no persistence, a password), killed
+//! on drop, and `redis-cli` against them. Needs the Debian `redis-server` package
+//! (`.ci/run` installs it).
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::free_tcp_port;
+use crate::offload::TempDir;
+
+/// The password every test server requires.
+pub const PASSWORD: &str = "mooncake-test";
+
+/// A running `redis-server`, killed on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    /// Its TCP port.
+    pub port: u16,
+    args: Vec<String>,
+    /// Holds `cluster-config-file` for a cluster node (removed with the server).
+    #[expect(dead_code, reason = "held for its Drop, never read")]
+    dir: Option<TempDir>,
+}
+
+impl RedisServer {
+    /// Starts a standalone server on a free port.
+    pub fn start() -> Self {
+        Self::start_with(&[], None)
+    }
+
+    /// Starts a standalone server that writes every change to an append-only file
+    /// before replying, so a kill -9 loses nothing.
+    pub fn start_persistent() -> Self {
+        Self::start_with(
+            &["--appendonly", "yes", "--appendfsync", "always"],
+            Some(TempDir::new("redis-aof")),
+        )
+    }
+
+    /// Starts a standalone server with `extra` settings (e.g. `--maxmemory 2mb`).
+    pub fn start_with_settings(extra: &[&str]) -> Self {
+        Self::start_with(extra, None)
+    }
+
+    /// The server `.ci/run` started for the whole run (`MOONCAKE_TEST_REDIS_PORT`,
+    /// password [`PASSWORD`]), or else one of this test's own. Tests sharing it keep to
+    /// their own key prefixes and never stop it.
+    pub fn shared_or_start() -> Self {
+        let shared = std::env::var("MOONCAKE_TEST_REDIS_PORT")
+            .ok()
+            .and_then(|p| p.parse().ok());
+        match shared {
+            Some(port) => RedisServer {
+                child: None,
+                port,
+                args: Vec::new(),
+                dir: None,
+            },
+            None => Self::start(),
+        }
+    }
+
+    fn start_with(extra: &[&str], dir: Option<TempDir>) -> Self {
+        let port = free_tcp_port();
+        let mut args: Vec<String> = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--requirepass",
+            PASSWORD,
+            "--masterauth",
+            PASSWORD,
+            "--loglevel",
+            "warning",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        if !extra.contains(&"--appendonly") {
+            args.extend(["--appendonly".to_string(), "no".to_string()]);
+        }
+        if let Some(dir) = &dir {
+            args.extend(["--dir".to_string(), dir.path().to_string()]);
+        }
+        let mut server = RedisServer {
+            child: None,
+            port,
+            args,
+            dir,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("redis-server not found: install the redis-server package (.ci/run does)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.cli(&["PING"]).trim() != "PONG" {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `redis://:<password>@127.0.0.1:<port>/0`.
+    pub fn url(&self) -> String {
+        format!("redis://:{PASSWORD}@127.0.0.1:{}/0", self.port)
+    }
+
+    /// Runs `redis-cli` with `args`; its standard output (raw, one reply per line).
+    pub fn cli(&self, args: &[&str]) -> String {
+        let output = Command::new("redis-cli")
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-a",
+                PASSWORD,
+                "--no-auth-warning",
+            ])
+            .args(args)
+            .stderr(Stdio::null())
+            .output()
+            .expect("redis-cli not found: install the redis-server package (.ci/run does)");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// The keys under `prefix`.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .cli(&["--scan", "--pattern", &format!("{prefix}*")])
+            .lines()
+            .map(str::to_string)
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// kill -9 (everything in memory is lost: the servers do not persist).
+    pub fn kill9(&mut self) {
+        assert!(
+            !self.args.is_empty(),
+            "the shared server is not this test's to stop"
+        );
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the same server again (same port, empty).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A Redis cluster of three primaries on loopback, killed on drop.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// The nodes.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three cluster-enabled servers and joins them (slots spread evenly).
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|i| {
+                let dir = TempDir::new(&format!("redis-cluster-{i}"));
+                RedisServer::start_with(
+                    &["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"],
+                    Some(dir),
+                )
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let status = Command::new("redis-cli")
+            .args(["-a", PASSWORD, "--no-auth-warning", "--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("run redis-cli --cluster create");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let cluster = RedisCluster { nodes };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !cluster
+            .nodes
+            .iter()
+            .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        {
+            assert!(Instant::now() < deadline, "the cluster did not become ok");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    /// The nodes as a comma-separated list of URLs.
+    pub fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(RedisServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Keys under `prefix` on every node.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        let mut keys: Vec<String> = self.nodes.iter().flat_map(|n| n.keys(prefix)).collect();
+        keys.sort();
+        keys
+    }
+}
