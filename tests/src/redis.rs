@@ -18,7 +18,10 @@ pub struct RedisServer {
     /// Its TCP port.
     pub port: u16,
     args: Vec<String>,
-    /// Holds `cluster-config-file` for a cluster node (removed with the server).
+    /// The CA certificate when the server speaks TLS only.
+    tls_ca: Option<String>,
+    /// Holds `cluster-config-file`, the append-only file or TLS keys (removed with the
+    /// server).
     #[expect(dead_code, reason = "held for its Drop, never read")]
     dir: Option<TempDir>,
 }
@@ -43,6 +46,42 @@ impl RedisServer {
         Self::start_with(extra, None)
     }
 
+    /// Starts a server that accepts only TLS, with a certificate for 127.0.0.1 signed
+    /// by a CA made for it (`openssl` creates both); see [`ca_file`](Self::ca_file).
+    pub fn start_tls() -> Self {
+        let dir = TempDir::new("redis-tls");
+        make_certificates(dir.path());
+        let base = dir.path().to_string();
+        let file = |name: &str| format!("{base}/{name}");
+        let port = free_tcp_port();
+        let mut server = Self::start_unchecked(
+            &[
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--tls-cert-file",
+                &file("server.crt"),
+                "--tls-key-file",
+                &file("server.key"),
+                "--tls-ca-cert-file",
+                &file("ca.crt"),
+                "--tls-auth-clients",
+                "no",
+            ],
+            Some(dir),
+        );
+        server.port = port;
+        server.tls_ca = Some(file("ca.crt"));
+        server.spawn();
+        server
+    }
+
+    /// The CA certificate of a TLS server.
+    pub fn ca_file(&self) -> Option<&str> {
+        self.tls_ca.as_deref()
+    }
+
     /// The server `.ci/run` started for the whole run (`MOONCAKE_TEST_REDIS_PORT`,
     /// password [`PASSWORD`]), or else one of this test's own. Tests sharing it keep to
     /// their own key prefixes and never stop it.
@@ -55,6 +94,7 @@ impl RedisServer {
                 child: None,
                 port,
                 args: Vec::new(),
+                tls_ca: None,
                 dir: None,
             },
             None => Self::start(),
@@ -62,10 +102,15 @@ impl RedisServer {
     }
 
     fn start_with(extra: &[&str], dir: Option<TempDir>) -> Self {
+        let mut server = Self::start_unchecked(extra, dir);
+        server.spawn();
+        server
+    }
+
+    /// The server's settings, not started yet.
+    fn start_unchecked(extra: &[&str], dir: Option<TempDir>) -> Self {
         let port = free_tcp_port();
         let mut args: Vec<String> = [
-            "--port",
-            &port.to_string(),
             "--bind",
             "127.0.0.1",
             "--save",
@@ -91,9 +136,14 @@ impl RedisServer {
             child: None,
             port,
             args,
+            tls_ca: None,
             dir,
         };
-        server.spawn();
+        if !extra.contains(&"--port") {
+            server
+                .args
+                .splice(0..0, ["--port".to_string(), port.to_string()]);
+        }
         server
     }
 
@@ -112,21 +162,30 @@ impl RedisServer {
         }
     }
 
-    /// `redis://:<password>@127.0.0.1:<port>/0`.
+    /// `redis://:<password>@127.0.0.1:<port>/0` (`rediss://` for TLS).
     pub fn url(&self) -> String {
-        format!("redis://:{PASSWORD}@127.0.0.1:{}/0", self.port)
+        let scheme = if self.tls_ca.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://:{PASSWORD}@127.0.0.1:{}/0", self.port)
     }
 
     /// Runs `redis-cli` with `args`; its standard output (raw, one reply per line).
     pub fn cli(&self, args: &[&str]) -> String {
-        let output = Command::new("redis-cli")
-            .args([
-                "-p",
-                &self.port.to_string(),
-                "-a",
-                PASSWORD,
-                "--no-auth-warning",
-            ])
+        let mut command = Command::new("redis-cli");
+        command.args([
+            "-p",
+            &self.port.to_string(),
+            "-a",
+            PASSWORD,
+            "--no-auth-warning",
+        ]);
+        if let Some(ca) = &self.tls_ca {
+            command.args(["--tls", "--cacert", ca]);
+        }
+        let output = command
             .args(args)
             .stderr(Stdio::null())
             .output()
@@ -232,4 +291,67 @@ impl RedisCluster {
         keys.sort();
         keys
     }
+}
+
+/// Writes `ca.crt`, and `server.crt`/`server.key` for 127.0.0.1 signed by it, into `dir`.
+fn make_certificates(dir: &str) {
+    let openssl = |args: &[&str]| {
+        let status = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl not found: install the openssl package (.ci/run does)");
+        assert!(status.success(), "openssl {args:?} failed");
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=mooncake-test-ca",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(
+        format!("{dir}/san.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .expect("write san.ext");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ]);
 }

@@ -28,6 +28,23 @@ fn the_redis_client_passes_the_conformance_suite() {
 }
 
 #[test]
+fn a_tls_redis_passes_the_conformance_suite_trusting_the_ca_file() {
+    let server = RedisServer::start_tls();
+    let ca = std::path::Path::new(server.ca_file().expect("a TLS server"));
+    let client = RedisClient::open(&server.url(), Some(ca)).expect("connect over TLS");
+    assert!(client.describe().starts_with("Redis rediss://:***@"));
+    conformance::check(&client, "suite-tls");
+    // Without the CA the server's certificate is not trusted; plain text is refused.
+    let untrusted = RedisClient::open(&server.url(), None).expect_err("untrusted");
+    assert!(
+        untrusted.to_string().contains("cannot reach the store"),
+        "{untrusted}"
+    );
+    let plain = server.url().replacen("rediss://", "redis://", 1);
+    assert!(RedisClient::open(&plain, None).is_err());
+}
+
+#[test]
 fn a_redis_cluster_passes_the_conformance_suite_from_a_list_or_one_seed_node() {
     let cluster = RedisCluster::start();
     let listed = RedisClient::open(&cluster.urls(), None).expect("connect to the list");
