@@ -15,10 +15,13 @@
 //! (in `MOONCAKE_BENCH_DIR`, default the temporary directory); `--sections trace`
 //! replays the request trace `--trace FILE` (its first `--trace-requests` requests,
 //! default 3000, blocks of `--block` bytes, default 64 KiB) against a real client with
-//! a `--trace-segment` memory segment (default 512MB), without and with its SSD tier.
+//! a `--trace-segment` memory segment (default 512MB), without and with its SSD tier;
+//! `--sections redis` starts a private `redis-server` and measures the
+//! distributed-KV backend's writes and read-backs on it next to `redis-benchmark` SET
+//! and GET of the same sizes.
 //!
 //! Usage: `mooncake_bench [--client ADDR] [--repeats N] [--segment SIZE]
-//! [--sections dummy,cluster,master,offload,trace] [--trace FILE]`
+//! [--sections dummy,cluster,master,offload,trace,redis] [--trace FILE]`
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,6 +36,8 @@ mod master;
 mod offload;
 #[path = "../processes.rs"]
 mod processes;
+#[path = "../redis.rs"]
+mod redis;
 #[path = "../trace.rs"]
 mod trace;
 
@@ -342,6 +347,9 @@ fn main() {
         }
         if options.sections.iter().any(|s| s == "offload") {
             offload::run(options.repeats);
+        }
+        if options.sections.iter().any(|s| s == "redis") {
+            redis::run(options.repeats)?;
         }
         if options.sections.iter().any(|s| s == "trace") {
             if options.trace.path.as_os_str().is_empty() {
