@@ -37,7 +37,8 @@ const MAX_VALUE_LEN: usize = 512 << 20;
 
 /// Bytes of arguments per pipeline: Redis slows down sharply on pipelines of many
 /// large values (a 256 MiB pipeline of 1 MiB SETs ran at a sixth of the rate of single
-/// SETs), so a batch goes out as pipelines of about this size, one after the other.
+/// SETs), so a batch goes out as pipelines of about this size, one after the other,
+/// each built only when the previous one is answered (little memory in flight).
 const PIPELINE_BYTES: usize = 1 << 20;
 
 /// Bits of a cluster scan cursor that hold the node's own cursor (the rest: which
@@ -222,23 +223,18 @@ impl Connection {
         let count = commands.len();
         match self {
             Connection::Single(mut manager) => {
-                let mut replies = Vec::with_capacity(count);
-                for chunk in pipelines(commands) {
-                    let size = chunk.len();
-                    let mut pipe = redis::pipe();
-                    pipe.ignore_errors();
-                    for command in chunk {
-                        pipe.add_command(command);
-                    }
-                    match pipe
-                        .query_async::<Vec<RedisResult<Value>>>(&mut manager)
-                        .await
-                    {
-                        Ok(chunk_replies) => replies.extend(chunk_replies),
-                        Err(error) => replies.extend(vec![Err(error); size]),
-                    }
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                for command in commands {
+                    pipe.add_command(command);
                 }
-                replies
+                match pipe
+                    .query_async::<Vec<RedisResult<Value>>>(&mut manager)
+                    .await
+                {
+                    Ok(replies) => replies,
+                    Err(error) => vec![Err(error); count],
+                }
             }
             Connection::Cluster(cluster) => {
                 futures::future::join_all(commands.into_iter().map(|command| {
@@ -345,31 +341,15 @@ impl Connection {
     }
 }
 
-/// `commands` cut into pipelines of about [`PIPELINE_BYTES`] of arguments each (a
-/// larger command goes alone).
-fn pipelines(commands: Vec<Cmd>) -> Vec<Vec<Cmd>> {
-    let mut chunks: Vec<Vec<Cmd>> = Vec::new();
-    let mut bytes = usize::MAX;
-    for command in commands {
-        let size: usize = command
-            .args_iter()
-            .map(|arg| match arg {
-                redis::Arg::Simple(bytes) => bytes.len(),
-                _ => 0,
-            })
-            .sum();
-        match chunks.last_mut() {
-            Some(chunk) if bytes.saturating_add(size) <= PIPELINE_BYTES => {
-                bytes += size;
-                chunk.push(command);
-            }
-            _ => {
-                bytes = size;
-                chunks.push(vec![command]);
-            }
-        }
-    }
-    chunks
+/// Bytes of `command`'s arguments.
+fn argument_bytes(command: &Cmd) -> usize {
+    command
+        .args_iter()
+        .map(|arg| match arg {
+            redis::Arg::Simple(bytes) => bytes.len(),
+            _ => 0,
+        })
+        .sum()
 }
 
 fn strlen(key: &[u8]) -> Cmd {
@@ -436,33 +416,43 @@ fn check_key(key: &[u8]) -> Result<(), DkvError> {
     Ok(())
 }
 
-/// Sends the commands for the valid items, keeping each invalid item's error.
+/// Sends the commands of the valid items (built as they are sent, in pipelines of
+/// about [`PIPELINE_BYTES`]), keeping each invalid item's error; `finish` turns item
+/// `at`'s reply into its result.
 fn send_valid<T>(
     client: &RedisClient,
-    checked: Vec<Result<Cmd, DkvError>>,
+    checked: impl Iterator<Item = Result<Cmd, DkvError>>,
     mut finish: impl FnMut(usize, Value) -> Result<T, DkvError>,
 ) -> Vec<Result<T, DkvError>> {
-    let mut commands = Vec::new();
-    let slots: Vec<Result<(), DkvError>> = checked
-        .into_iter()
-        .map(|command| command.map(|c| commands.push(c)))
-        .collect();
-    let mut replies = if commands.is_empty() {
-        Vec::new()
-    } else {
-        client.each(commands)
+    let mut results: Vec<Option<Result<T, DkvError>>> = Vec::new();
+    let mut pending: Vec<(usize, Cmd)> = Vec::new();
+    let mut bytes = 0usize;
+    let mut flush = |pending: &mut Vec<(usize, Cmd)>, results: &mut Vec<Option<_>>| {
+        let (positions, commands): (Vec<usize>, Vec<Cmd>) = pending.drain(..).unzip();
+        for (at, reply) in positions.into_iter().zip(client.each(commands)) {
+            results[at] = Some(reply.and_then(|value| finish(at, value)));
+        }
+    };
+    for (at, command) in checked.enumerate() {
+        match command {
+            Err(error) => results.push(Some(Err(error))),
+            Ok(command) => {
+                results.push(None);
+                bytes += argument_bytes(&command);
+                pending.push((at, command));
+                if bytes >= PIPELINE_BYTES {
+                    flush(&mut pending, &mut results);
+                    bytes = 0;
+                }
+            }
+        }
     }
-    .into_iter();
-    slots
+    if !pending.is_empty() {
+        flush(&mut pending, &mut results);
+    }
+    results
         .into_iter()
-        .enumerate()
-        .map(|(at, slot)| {
-            slot?;
-            let reply = replies
-                .next()
-                .unwrap_or_else(|| Err(DkvError::Store("no reply".into())))?;
-            finish(at, reply)
-        })
+        .map(|result| result.unwrap_or_else(|| Err(DkvError::Store("no reply".into()))))
         .collect()
 }
 
@@ -480,21 +470,18 @@ impl DkvClient for RedisClient {
     }
 
     fn batch_put(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), DkvError>> {
-        let checked = items
-            .iter()
-            .map(|(key, value)| {
-                check_key(key)?;
-                if value.is_empty() || value.len() > MAX_VALUE_LEN {
-                    return Err(DkvError::Invalid(format!(
-                        "value of {} bytes (1 to {MAX_VALUE_LEN})",
-                        value.len()
-                    )));
-                }
-                let mut set = redis::cmd("SET");
-                set.arg(*key).arg(*value);
-                Ok(set)
-            })
-            .collect();
+        let checked = items.iter().map(|(key, value)| {
+            check_key(key)?;
+            if value.is_empty() || value.len() > MAX_VALUE_LEN {
+                return Err(DkvError::Invalid(format!(
+                    "value of {} bytes (1 to {MAX_VALUE_LEN})",
+                    value.len()
+                )));
+            }
+            let mut set = redis::cmd("SET");
+            set.arg(*key).arg(*value);
+            Ok(set)
+        });
         send_valid(self, checked, |_, reply| match reply {
             Value::Okay => Ok(()),
             other => Err(unexpected(&other)),
@@ -502,7 +489,7 @@ impl DkvClient for RedisClient {
     }
 
     fn batch_get(&self, items: &mut [GetInto<'_>]) -> Vec<Result<u64, DkvError>> {
-        let checked = items
+        let checked: Vec<Result<Cmd, DkvError>> = items
             .iter()
             .map(|item| {
                 check_key(item.key)?;
@@ -511,7 +498,7 @@ impl DkvClient for RedisClient {
                 Ok(get)
             })
             .collect();
-        send_valid(self, checked, |at, reply| match reply {
+        send_valid(self, checked.into_iter(), |at, reply| match reply {
             Value::BulkString(value) => items[at].fill(&value),
             Value::Nil => Err(DkvError::NotFound),
             other => Err(unexpected(&other)),
@@ -519,15 +506,12 @@ impl DkvClient for RedisClient {
     }
 
     fn batch_exists(&self, keys: &[&[u8]]) -> Vec<Result<bool, DkvError>> {
-        let checked = keys
-            .iter()
-            .map(|key| {
-                check_key(key)?;
-                let mut exists = redis::cmd("EXISTS");
-                exists.arg(*key);
-                Ok(exists)
-            })
-            .collect();
+        let checked = keys.iter().map(|key| {
+            check_key(key)?;
+            let mut exists = redis::cmd("EXISTS");
+            exists.arg(*key);
+            Ok(exists)
+        });
         send_valid(self, checked, |_, reply| match reply {
             Value::Int(count) => Ok(count > 0),
             other => Err(unexpected(&other)),
@@ -535,15 +519,12 @@ impl DkvClient for RedisClient {
     }
 
     fn batch_delete(&self, keys: &[&[u8]]) -> Vec<Result<(), DkvError>> {
-        let checked = keys
-            .iter()
-            .map(|key| {
-                check_key(key)?;
-                let mut unlink = redis::cmd("UNLINK");
-                unlink.arg(*key);
-                Ok(unlink)
-            })
-            .collect();
+        let checked = keys.iter().map(|key| {
+            check_key(key)?;
+            let mut unlink = redis::cmd("UNLINK");
+            unlink.arg(*key);
+            Ok(unlink)
+        });
         send_valid(self, checked, |_, reply| match reply {
             Value::Int(_) => Ok(()),
             other => Err(unexpected(&other)),
@@ -572,22 +553,10 @@ mod tests {
     }
 
     #[test]
-    fn batches_are_cut_into_pipelines_of_about_a_mebibyte() {
-        let set = |len: usize| {
-            let mut set = redis::cmd("SET");
-            set.arg("k").arg(vec![0u8; len]);
-            set
-        };
-        let sizes = |commands: Vec<Cmd>| -> Vec<usize> {
-            pipelines(commands).iter().map(Vec::len).collect()
-        };
-        assert_eq!(
-            sizes((0..40).map(|_| set(64 << 10)).collect()),
-            [15, 15, 10]
-        );
-        assert_eq!(sizes(vec![set(2 << 20), set(10), set(2 << 20)]), [1, 1, 1]);
-        assert_eq!(sizes(vec![set(10), set(10)]), [2]);
-        assert!(pipelines(Vec::new()).is_empty());
+    fn argument_bytes_count_every_argument() {
+        let mut set = redis::cmd("SET");
+        set.arg("key").arg(vec![0u8; 1000]);
+        assert_eq!(argument_bytes(&set), 3 + 3 + 1000);
     }
 
     #[test]
