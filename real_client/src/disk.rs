@@ -74,6 +74,12 @@ fn code(error: &StoreError) -> ErrorCode {
     }
 }
 
+/// [`code`], logging what the store said first (the code alone loses it).
+fn logged(error: &StoreError) -> ErrorCode {
+    tracing::warn!(%error, "SSD tier write failed");
+    code(error)
+}
+
 impl DiskTier {
     /// Opens the tier in `config.path` (checked first) and recovers its index.
     pub fn open(config: OffloadConfig) -> Result<(Self, RecoveryReport), DiskError> {
@@ -139,9 +145,15 @@ impl DiskTier {
 
     /// Drops `key` when its record turned out corrupt; the read's error code.
     fn failed_read(&self, key: &str, error: &StoreError) -> ErrorCode {
-        if matches!(error, StoreError::Corrupt(_)) {
-            tracing::warn!(key, %error, "dropping a corrupt object from the SSD tier");
-            self.store.lock().remove(key);
+        match error {
+            StoreError::Corrupt(_) => {
+                tracing::warn!(key, %error, "dropping a corrupt object from the SSD tier");
+                self.store.lock().remove(key);
+            }
+            StoreError::Remote(_) | StoreError::Io { .. } => {
+                tracing::warn!(key, %error, "cannot read an object from the SSD tier");
+            }
+            _ => {}
         }
         code(error)
     }
@@ -188,13 +200,13 @@ impl DiskTier {
         let mut batch = {
             let mut store = self.store.lock();
             store.finish_eviction(eviction);
-            store.prepare_batch(objects).map_err(|e| code(&e))?
+            store.prepare_batch(objects).map_err(|e| logged(&e))?
         };
         let written = batch.write();
         self.store
             .lock()
             .commit_batch(batch, written)
-            .map_err(|e| code(&e))
+            .map_err(|e| logged(&e))
     }
     /// Watermark eviction: above the high watermark of the byte or key limit, evicts
     /// down to the low one (the master is told first, as for any disk eviction).
