@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 /* The version of this interface; a plugin returns it from mooncake_dkv_abi_version. */
-#define MOONCAKE_DKV_ABI_VERSION 1
+#define MOONCAKE_DKV_ABI_VERSION 2
 
 /* Per-key result codes. */
 #define MOONCAKE_DKV_OK 0

@@ -377,10 +377,10 @@ impl ReadPlan {
             .unwrap_or(Err(crate::dkv::DkvError::Store("no result".into())));
         match got {
             Ok(len) if len == record_len => self.check(&head, value),
-            Err(crate::dkv::DkvError::NotFound) => Err(StoreError::NotFound),
-            // Another length: not this object's record.
-            Ok(_) | Err(crate::dkv::DkvError::TooSmall { .. }) => {
-                Err(StoreError::Corrupt(record::RecordError::Truncated))
+            // Another length: another record (the object was replaced meanwhile) or
+            // not a record; never this object's bytes, and nothing to drop here.
+            Ok(_) | Err(crate::dkv::DkvError::NotFound | crate::dkv::DkvError::TooSmall { .. }) => {
+                Err(StoreError::NotFound)
             }
             Err(error) => Err(StoreError::Remote(error.to_string())),
         }
@@ -548,13 +548,14 @@ pub fn open_backend(
         }
         BackendKind::DistributedKv => {
             let client = open_dkv_client(config)?;
+            let prefix = crate::dkv::backend::key_prefix(&config.dkv_namespace, &config.node);
             tracing::info!(
                 store = client.describe(),
-                namespace = config.dkv_namespace,
+                prefix,
                 "SSD tier on a distributed KV store"
             );
             let (store, report) =
-                crate::dkv::backend::DkvStore::open(client, &config.dkv_namespace, limits, policy)?;
+                crate::dkv::backend::DkvStore::open(client, &prefix, limits, policy)?;
             Ok((Box::new(store), report))
         }
     }

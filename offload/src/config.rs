@@ -106,6 +106,10 @@ pub struct OffloadConfig {
     pub dkv_tls_ca_file: Option<PathBuf>,
     /// `MOONCAKE_OFFLOAD_DKV_NAMESPACE` (`mooncake`): prefix of every key in the store.
     pub dkv_namespace: String,
+    /// Who owns the tier, set by the node (its segment name; not a variable): the
+    /// distributed-KV backend keeps this node's keys under `<namespace>/<node>/`, so
+    /// nodes sharing a store and a namespace never see each other's objects.
+    pub node: String,
 }
 
 /// The client of `distributed_kv_storage_backend`, `MOONCAKE_OFFLOAD_DKV_CLIENT`.
@@ -304,6 +308,7 @@ impl OffloadConfig {
                     fine.then(|| v.to_string())
                 },
             )?,
+            node: String::new(),
         };
         config.check_limits()?;
         Ok(config)

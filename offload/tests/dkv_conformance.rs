@@ -7,7 +7,7 @@ use std::process::Command;
 
 use mooncake_offload::dkv::conformance::{check as conformance, value};
 use mooncake_offload::dkv::plugin::{PluginClient, PluginError};
-use mooncake_offload::dkv::{DkvClient, DkvError, GetInto};
+use mooncake_offload::dkv::{DkvClient, DkvError};
 
 /// Compiles C `source` into a shared library named `name` in the test's scratch
 /// directory; returns its path.
@@ -48,28 +48,9 @@ fn the_test_plugin_passes_the_conformance_suite() {
 
 #[test]
 fn the_plugin_is_shared_by_threads() {
-    let client = std::sync::Arc::new(PluginClient::open(&test_plugin(), "").expect("open"));
-    let workers: Vec<_> = (0..4u8)
-        .map(|t| {
-            let client = client.clone();
-            std::thread::spawn(move || {
-                for i in 0..200u32 {
-                    let key = format!("t{t}/{i}").into_bytes();
-                    let v = value(t, 100 + i as usize);
-                    assert_eq!(client.batch_put(&[(&key, &v)]), vec![Ok(())]);
-                    let mut dest = vec![0u8; v.len()];
-                    assert_eq!(
-                        client.batch_get(&mut [GetInto::new(&key, &mut dest)]),
-                        vec![Ok(v.len() as u64)]
-                    );
-                    assert_eq!(dest, v);
-                }
-            })
-        })
-        .collect();
-    for worker in workers {
-        worker.join().expect("worker");
-    }
+    let client: std::sync::Arc<dyn DkvClient> =
+        std::sync::Arc::new(PluginClient::open(&test_plugin(), "").expect("open"));
+    mooncake_offload::dkv::conformance::check_shared(&client, "shared");
 }
 
 #[test]
@@ -94,7 +75,7 @@ fn loading_errors_name_the_variable_and_the_cause() {
     let partial_source = dir.join("partial_plugin.c");
     std::fs::write(
         &partial_source,
-        "#include <stdint.h>\nuint32_t mooncake_dkv_abi_version(void) { return 1; }\n",
+        "#include <stdint.h>\nuint32_t mooncake_dkv_abi_version(void) { return 2; }\n",
     )
     .expect("write source");
     let partial = build_library("partial_plugin", &partial_source, &[]);
@@ -130,7 +111,7 @@ mod backend {
     use mooncake_offload::backend::{Limits, StorageBackend, StoreError};
     use mooncake_offload::config::EvictionPolicy;
     use mooncake_offload::dkv::DkvClient;
-    use mooncake_offload::dkv::backend::DkvStore;
+    use mooncake_offload::dkv::backend::{DkvStore, key_prefix};
     use mooncake_offload::dkv::plugin::PluginClient;
 
     use super::{test_plugin, value};
@@ -140,9 +121,14 @@ mod backend {
     }
 
     fn open(client: &Arc<dyn DkvClient>, ns: &str, limits: Limits) -> DkvStore {
-        DkvStore::open(Arc::clone(client), ns, limits, EvictionPolicy::Fifo)
-            .expect("open")
-            .0
+        DkvStore::open(
+            Arc::clone(client),
+            &key_prefix(ns, ""),
+            limits,
+            EvictionPolicy::Fifo,
+        )
+        .expect("open")
+        .0
     }
 
     fn write(store: &mut DkvStore, key: &str, v: &[u8]) -> Vec<String> {
@@ -175,7 +161,7 @@ mod backend {
         // A restarted node finds its objects by scanning its namespace.
         let (mut a, report) = DkvStore::open(
             Arc::clone(&shared),
-            "cluster-a",
+            &key_prefix("cluster-a", ""),
             Limits::bytes(1 << 30),
             EvictionPolicy::Fifo,
         )
@@ -187,6 +173,29 @@ mod backend {
         );
         assert!(matches!(read(&mut a, "k2"), Err(StoreError::NotFound)));
         assert_eq!(b.len(), 1);
+    }
+
+    #[test]
+    fn nodes_sharing_a_namespace_see_only_their_own_objects() {
+        let shared = client("");
+        let node = |name: &str| {
+            DkvStore::open(
+                Arc::clone(&shared),
+                &key_prefix("ns", name),
+                Limits::bytes(1 << 30),
+                EvictionPolicy::Fifo,
+            )
+            .expect("open")
+        };
+        let (mut a, _) = node("10.0.0.1:50052");
+        write(&mut a, "k", &value(1, 100));
+        let (mut b, report) = node("10.0.0.2:50052");
+        assert_eq!(report.objects, 0, "B recovered A's object");
+        write(&mut b, "k", &value(2, 100));
+        assert!(b.remove("k"));
+        assert_eq!(read(&mut a, "k").expect("A's copy"), value(1, 100));
+        let (_, report) = node("10.0.0.1:50052");
+        assert_eq!(report.objects, 1, "A recovers its own object");
     }
 
     #[test]
@@ -217,7 +226,7 @@ mod backend {
         assert_eq!(shared.batch_put(&[(b"ns/short", b"xy")]), vec![Ok(())]);
         let (_, report) = DkvStore::open(
             Arc::clone(&shared),
-            "ns",
+            &key_prefix("ns", ""),
             Limits::bytes(1 << 30),
             EvictionPolicy::Fifo,
         )

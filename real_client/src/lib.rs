@@ -198,13 +198,14 @@ impl RealClient {
             id: AtomicU64::new(0),
         });
         let disk = match config.offload.clone() {
-            Some(settings) => Some(Arc::new(
+            Some(mut settings) => Some(Arc::new({
+                settings.node = config.segment_name();
                 tokio::task::spawn_blocking(move || disk::DiskTier::open(settings))
                     .await
                     .map_err(|e| StartError::Disk(e.to_string()))?
                     .map_err(|e| StartError::Disk(e.to_string()))?
-                    .0,
-            )),
+                    .0
+            })),
             None => None,
         };
         let transfer =

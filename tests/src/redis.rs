@@ -154,12 +154,30 @@ impl RedisServer {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("redis-server not found: install the redis-server package (.ci/run does)");
+        let pid = child.id();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while self.cli(&["PING"]).trim() != "PONG" {
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            assert!(
+                exited.is_none(),
+                "redis-server {:?} exited at startup ({exited:?}; its log is above)",
+                self.args
+            );
             assert!(Instant::now() < deadline, "redis-server did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
+        // Another test's server on the same port would answer too: make sure it is ours.
+        let info = self.cli(&["INFO", "server"]);
+        assert!(
+            info.lines()
+                .any(|line| line.trim() == format!("process_id:{pid}")),
+            "port {} is served by another redis-server",
+            self.port
+        );
     }
 
     /// `redis://:<password>@127.0.0.1:<port>/0` (`rediss://` for TLS).
@@ -245,8 +263,18 @@ impl RedisCluster {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|i| {
                 let dir = TempDir::new(&format!("redis-cluster-{i}"));
+                // The bus port must be free too (and the default, port + 10000, is
+                // refused above 55535).
+                let bus_port = free_tcp_port().to_string();
                 RedisServer::start_with(
-                    &["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"],
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-node-timeout",
+                        "5000",
+                        "--cluster-port",
+                        &bus_port,
+                    ],
                     Some(dir),
                 )
             })

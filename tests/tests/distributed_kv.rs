@@ -3,6 +3,7 @@
 //! clients and dummies offloading into Redis and into the C test plugin.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use mooncake_dummy_client::{DummyClient, ErrorCode};
@@ -22,9 +23,11 @@ fn namespace(name: &str) -> String {
 #[test]
 fn the_redis_client_passes_the_conformance_suite() {
     let server = RedisServer::shared_or_start();
-    let client = RedisClient::open(&server.url(), None).expect("connect");
+    let client: Arc<dyn DkvClient> =
+        Arc::new(RedisClient::open(&server.url(), None).expect("connect"));
     assert!(client.describe().starts_with("Redis redis://:***@"));
-    conformance::check(&client, &namespace("suite"));
+    conformance::check(client.as_ref(), &namespace("suite"));
+    conformance::check_shared(&client, &namespace("shared"));
 }
 
 #[test]
@@ -53,12 +56,14 @@ fn a_redis_cluster_passes_the_conformance_suite_from_a_list_or_one_seed_node() {
     let seeded = RedisClient::open(&cluster.nodes[1].url(), None).expect("connect to a seed");
     assert!(seeded.describe().starts_with("Redis cluster "));
     conformance::check(&seeded, "suite-seeded");
+    let shared: Arc<dyn DkvClient> = Arc::new(seeded);
+    conformance::check_shared(&shared, "suite-shared");
     // Keys spread over the primaries, and a scan finds them on every one.
     let keys: Vec<Vec<u8>> = (0..60)
         .map(|i| format!("spread/{i}").into_bytes())
         .collect();
     let items: Vec<(&[u8], &[u8])> = keys.iter().map(|k| (k.as_slice(), &b"v"[..])).collect();
-    assert!(seeded.batch_put(&items).iter().all(Result::is_ok));
+    assert!(listed.batch_put(&items).iter().all(Result::is_ok));
     for node in &cluster.nodes {
         assert!(
             !node.keys("spread/").is_empty(),
@@ -187,10 +192,16 @@ fn objects_evicted_into_redis_are_read_through_any_node_and_survive_a_kill9_of_t
     assert_eq!(via_b.remove("first-3", true), Ok(()));
     assert_gone(&via_a, "first-3", "removed");
     let gone = eventually(Duration::from_secs(5), || {
-        server.keys(&format!("{ns}/first-3")).is_empty()
+        server
+            .keys(&format!("{ns}/{}/first-3", a.segment_name()))
+            .is_empty()
     });
     assert!(gone, "the removed object's key is still in Redis");
-    assert_eq!(server.keys(&format!("{ns}/first-2")).len(), 1);
+    assert_eq!(
+        server.keys(&format!("{ns}/{}/first-2", a.segment_name())),
+        [format!("{ns}/{}/first-2", a.segment_name())],
+        "keys live under <namespace>/<node>/"
+    );
 }
 
 #[test]
@@ -203,7 +214,15 @@ fn disk_tier_eviction_deletes_the_keys_in_redis() {
         &master,
         "64MB",
         &["--enable_offload=true"],
-        &redis_env(&url, &ns, &[("MOONCAKE_OFFLOAD_TOTAL_KEYS_LIMIT", "4")]),
+        &redis_env(
+            &url,
+            &ns,
+            &[
+                ("MOONCAKE_OFFLOAD_TOTAL_KEYS_LIMIT", "4"),
+                // Only the limit evicts here, not the watermark ahead of it.
+                ("MOONCAKE_OFFLOAD_ENABLE_DISK_WATERMARK_EVICTION", "false"),
+            ],
+        ),
     );
     let client = dummy(&node);
     for wave in 0..4 {
@@ -212,14 +231,10 @@ fn disk_tier_eviction_deletes_the_keys_in_redis() {
         assert!(keys.len() <= 4, "{} keys in Redis: {keys:?}", keys.len());
     }
     // The oldest waves left the tier (still in memory), and Redis.
+    let at = |key: &str| format!("{ns}/{}/{key}", node.segment_name());
     assert_eq!(
         server.keys(&format!("{ns}/")),
-        [
-            format!("{ns}/w2-0"),
-            format!("{ns}/w2-1"),
-            format!("{ns}/w3-0"),
-            format!("{ns}/w3-1")
-        ]
+        [at("w2-0"), at("w2-1"), at("w3-0"), at("w3-1")]
     );
     assert!(!on_disk(&client, "w0-0"));
     assert!(client.get("w0-0").expect("in memory") == value(0, 1 << 20));
@@ -235,7 +250,7 @@ fn a_value_corrupted_in_redis_is_never_handed_out() {
     let client = dummy(&node);
     fill_past_memory(&client, &node);
     // One byte of first-1's payload changed behind the node's back.
-    let key = format!("{ns}/first-1");
+    let key = format!("{ns}/{}/first-1", node.segment_name());
     assert_eq!(
         server.cli(&["SETRANGE", &key, "5000", "X"]).trim(),
         (24 + 7 + (1 << 20)).to_string()
@@ -259,8 +274,11 @@ fn with_redis_down_offloading_fails_cleanly_and_everything_resumes_when_it_retur
 
     server.kill9();
     // Objects only in Redis: an error, never wrong bytes.
-    let read = client.get("first-0");
-    assert!(read.is_err(), "read an object from a stopped Redis");
+    assert_eq!(
+        client.get("first-0").map(|_| ()),
+        Err(ErrorCode::TRANSFER_FAIL),
+        "read of an object only in a stopped Redis"
+    );
     // New objects stay in memory: their offload fails, the node carries on.
     for i in 0..2 {
         client

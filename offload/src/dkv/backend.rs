@@ -2,9 +2,9 @@
 //! store through a [`DkvClient`].
 //!
 //! Each object is one [record](crate::record) (header with magic, lengths and
-//! checksum, then key and value) stored under `<namespace>/<key>`, so a corrupt or
-//! foreign value is detected at read time and several clusters or tenants can share a
-//! store (`MOONCAKE_OFFLOAD_DKV_NAMESPACE`). The index lives in the node's memory and is
+//! checksum, then key and value) stored under `<namespace>/<node>/<key>`, so a corrupt
+//! or foreign value is detected at read time, several clusters or tenants can share a
+//! store (`MOONCAKE_OFFLOAD_DKV_NAMESPACE`), and each node sees only its own objects. The index lives in the node's memory and is
 //! rebuilt at startup by scanning the namespace (with progress); values are checked when
 //! read. A batch whose write failed for some keys has the keys it did write deleted
 //! again. Eviction takes single objects (`fifo`, or `lru`), two-phase as for every
@@ -24,6 +24,16 @@ use crate::record::HEADER_LEN;
 /// Keys listed per scan call during recovery.
 const SCAN_PAGE: u32 = 1000;
 
+/// `<namespace>/<node>/`: where the objects of `node` (its segment name) live; just
+/// `<namespace>/` without a node name.
+pub fn key_prefix(namespace: &str, node: &str) -> String {
+    if node.is_empty() {
+        format!("{namespace}/")
+    } else {
+        format!("{namespace}/{node}/")
+    }
+}
+
 /// The backend over one store client.
 #[derive(Debug)]
 pub struct DkvStore {
@@ -37,12 +47,12 @@ fn remote(error: &DkvError) -> StoreError {
 }
 
 impl DkvStore {
-    /// Opens the backend on `client` with keys under `namespace/`, and rebuilds the
-    /// index by scanning them. The byte limit is capped by the store's capacity when
-    /// it tells one.
+    /// Opens the backend on `client` with keys under `prefix` (see [`key_prefix`]),
+    /// and rebuilds the index by scanning them. The byte limit is capped by the store's
+    /// capacity when it tells one.
     pub fn open(
         client: Arc<dyn DkvClient>,
-        namespace: &str,
+        prefix: &str,
         limits: Limits,
         policy: EvictionPolicy,
     ) -> Result<(Self, RecoveryReport), StoreError> {
@@ -52,7 +62,7 @@ impl DkvStore {
         };
         let mut store = DkvStore {
             client,
-            prefix: format!("{namespace}/").into_bytes(),
+            prefix: prefix.as_bytes().to_vec(),
             index: ObjectIndex::new(limits, policy),
         };
         let report = store.recover()?;

@@ -1,5 +1,7 @@
 //! The conformance suite every [`DkvClient`] passes: per-key results, reads into the
-//! caller's buffers (whole or split), overwrite, delete, and a complete paged scan.
+//! caller's buffers (whole or split), overwrite, delete, a complete paged scan
+//! ([`check`]) and several threads at once ([`check_shared`]). What a store's capacity
+//! means differs between stores, so each client's own tests cover it.
 //! The crate's tests run it against the Redis client and the C plugin interface; a
 //! vendor runs it against a new plugin the same way. It panics at the first broken
 //! promise, naming it.
@@ -20,6 +22,47 @@ pub fn value(seed: u8, len: usize) -> Vec<u8> {
 /// At the first broken promise.
 pub fn check(client: &dyn DkvClient, ns: &str) {
     let key = |name: &str| format!("{ns}/{name}").into_bytes();
+    round_trips(client, &key);
+    scans(client, &key);
+    assert!(
+        scan_all(client, &key(""), 64).expect("scan").is_empty(),
+        "keys left behind"
+    );
+}
+
+/// Checks that `client` serves four threads at once (each its own keys under
+/// `ns/`), and deletes what they wrote.
+///
+/// # Panics
+/// At the first broken promise.
+pub fn check_shared(client: &std::sync::Arc<dyn DkvClient>, ns: &str) {
+    let workers: Vec<_> = (0..4u8)
+        .map(|t| {
+            let client = std::sync::Arc::clone(client);
+            let ns = ns.to_string();
+            std::thread::spawn(move || {
+                for i in 0..100u32 {
+                    let key = format!("{ns}/t{t}/{i}").into_bytes();
+                    let v = value(t, 100 + i as usize);
+                    assert_eq!(client.batch_put(&[(&key, &v)]), vec![Ok(())]);
+                    let mut dest = vec![0u8; v.len()];
+                    assert_eq!(
+                        client.batch_get(&mut [GetInto::new(&key, &mut dest)]),
+                        vec![Ok(v.len() as u64)]
+                    );
+                    assert_eq!(dest, v, "thread {t}, value {i}");
+                    assert_eq!(client.batch_delete(&[&key]), vec![Ok(())]);
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        assert!(worker.join().is_ok(), "a thread failed");
+    }
+}
+
+/// Put, get (whole and split), exists, overwrite, delete.
+fn round_trips(client: &dyn DkvClient, key: &dyn Fn(&str) -> Vec<u8>) {
     let (a, b, missing) = (key("a"), key("b"), key("missing"));
     let (va, vb) = (value(1, 70_000), value(2, 10));
     let put = client.batch_put(&[(&a, &va), (&b, &vb), (b"", b"x"), (&key("e"), b"")]);
@@ -62,9 +105,12 @@ pub fn check(client: &dyn DkvClient, ns: &str) {
         vec![Ok(100)]
     );
     assert_eq!(dest, va2);
-    assert_eq!(client.batch_delete(&[&b, &missing]), vec![Ok(()), Ok(())]);
-    assert_eq!(client.batch_exists(&[&b]), vec![Ok(false)]);
+    assert_eq!(client.batch_delete(&[&a, &b, &missing]), vec![Ok(()); 3]);
+    assert_eq!(client.batch_exists(&[&a, &b]), vec![Ok(false), Ok(false)]);
+}
 
+/// Paged scans list every key under a prefix, whatever the page size.
+fn scans(client: &dyn DkvClient, key: &dyn Fn(&str) -> Vec<u8>) {
     // Scan: every key under the prefix, once, whatever the page size.
     let names: Vec<Vec<u8>> = (0..250).map(|i| key(&format!("scan/{i:03}"))).collect();
     let values: Vec<Vec<u8>> = (0..250u8).map(|i| value(i, 1 + usize::from(i))).collect();
@@ -94,7 +140,6 @@ pub fn check(client: &dyn DkvClient, ns: &str) {
     let others = scan_all(client, &key("nothing-here/"), 10).expect("scan");
     assert!(others.is_empty());
     let mut keys: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
-    keys.extend([a.as_slice(), star.as_slice()]);
+    keys.push(star.as_slice());
     assert!(client.batch_delete(&keys).iter().all(Result::is_ok));
-    assert!(scan_all(client, &key(""), 64).expect("scan").is_empty());
 }

@@ -123,18 +123,47 @@ pub trait DkvClient: Send + Sync + std::fmt::Debug {
     fn capacity(&self) -> Option<u64>;
 }
 
-/// Every key starting with `prefix`, page by page, each once.
+/// Listings [`scan_all`] starts before it gives up.
+const SCAN_ATTEMPTS: usize = 3;
+
+/// Every key starting with `prefix`, page by page, each once. A listing that fails
+/// (the store went away, a cluster changed its primaries meanwhile, a cursor came
+/// back twice) starts again from the beginning, [`SCAN_ATTEMPTS`] times at most.
 pub fn scan_all(
     client: &dyn DkvClient,
     prefix: &[u8],
     page: u32,
 ) -> Result<Vec<(Vec<u8>, u64)>, DkvError> {
+    let mut attempt = 1;
+    loop {
+        match scan_once(client, prefix, page) {
+            Ok(keys) => return Ok(keys),
+            Err(error) if attempt < SCAN_ATTEMPTS => {
+                tracing::warn!(%error, attempt, "listing the store failed; starting again");
+                attempt += 1;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+fn scan_once(
+    client: &dyn DkvClient,
+    prefix: &[u8],
+    page: u32,
+) -> Result<Vec<(Vec<u8>, u64)>, DkvError> {
     let mut keys = std::collections::HashMap::new();
+    let mut seen = std::collections::HashSet::new();
     let mut cursor = None;
     loop {
         let found = client.scan(prefix, cursor, page)?;
         keys.extend(found.keys);
         match found.cursor {
+            Some(next) if !seen.insert(next) => {
+                return Err(DkvError::Store(format!(
+                    "the store's scan returned cursor {next} twice: it does not advance"
+                )));
+            }
             Some(next) => cursor = Some(next),
             None => return Ok(keys.into_iter().collect()),
         }

@@ -13,7 +13,7 @@ use libloading::Library;
 use super::{DkvClient, DkvError, GetInto, ScanPage};
 
 /// The interface version this build speaks.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 const OK: i32 = 0;
 const NOT_FOUND: i32 = 1;
@@ -94,7 +94,7 @@ pub enum PluginError {
     Init {
         /// The library's path.
         path: String,
-        /// The configuration given.
+        /// The configuration given, a password in it hidden.
         config: String,
     },
 }
@@ -186,14 +186,14 @@ impl PluginClient {
         };
         let text = CString::new(config).map_err(|_| PluginError::Init {
             path: shown.clone(),
-            config: config.to_string(),
+            config: super::redis::hide_password(config),
         })?;
         // SAFETY: a NUL-terminated string that lives for the call.
         let store = unsafe { init(text.as_ptr()) };
         if store.is_null() {
             return Err(PluginError::Init {
                 path: shown,
-                config: config.to_string(),
+                config: super::redis::hide_password(config),
             });
         }
         Ok(PluginClient {
@@ -379,11 +379,18 @@ impl DkvClient for PluginClient {
         if status != 0 {
             return Err(DkvError::Store("scan failed".into()));
         }
-        let mut keys = Vec::with_capacity(count as usize);
-        if !entries.is_null() && count > 0 {
+        let mut keys = Vec::new();
+        if entries.is_null() {
+            return Ok(ScanPage {
+                keys,
+                cursor: (next != 0).then_some(next),
+            });
+        }
+        if count > 0 {
             // SAFETY: the plugin returned `count` entries at `entries`, each key
             // `key_len` bytes long, valid until `free_entries`.
             let found = unsafe { std::slice::from_raw_parts(entries, count as usize) };
+            keys.reserve(found.len());
             for entry in found {
                 if entry.key.is_null() {
                     continue;
@@ -392,9 +399,9 @@ impl DkvClient for PluginClient {
                 let key = unsafe { std::slice::from_raw_parts(entry.key, entry.key_len as usize) };
                 keys.push((key.to_vec(), entry.value_len));
             }
-            // SAFETY: returns what the plugin allocated, once.
-            unsafe { (self.functions.free_entries)(entries, count) };
         }
+        // SAFETY: returns what the plugin allocated (also an empty page), once.
+        unsafe { (self.functions.free_entries)(entries, count) };
         Ok(ScanPage {
             keys,
             cursor: (next != 0).then_some(next),

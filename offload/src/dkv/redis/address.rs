@@ -83,8 +83,11 @@ impl Address {
             .iter()
             .map(|url| parse_one(url))
             .collect::<Result<Vec<_>, _>>()?;
-        let unix = urls.iter().find(|u| u.contains("unix"));
-        if let (true, Some(unix)) = (nodes.len() > 1, unix) {
+        let unix = urls
+            .iter()
+            .zip(&nodes)
+            .find(|(_, node)| matches!(node.addr(), redis::ConnectionAddr::Unix(_)));
+        if let (true, Some((unix, _))) = (nodes.len() > 1, unix) {
             return Err(SetupError::Syntax {
                 shown: hide_password(unix),
                 reason: "cluster nodes are reached over TCP, not a Unix socket".into(),
@@ -132,25 +135,39 @@ fn parse_one(url: &str) -> Result<redis::ConnectionInfo, SetupError> {
     })
 }
 
-/// `url` with the password (between `user:` and `@`) replaced by `***`.
+/// `url` with its password hidden: everything between `user:` and the last `@`, and
+/// the value of a `pass=` query parameter, become `***`.
 pub fn hide_password(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_string();
+    let rest = match rest.rfind('@') {
+        Some(at) => {
+            let user_info = &rest[..at];
+            let hidden = match user_info.split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                None => "***".to_string(),
+            };
+            format!("{hidden}{}", &rest[at..])
+        }
+        None => rest.to_string(),
     };
-    let user_info = &rest[..at];
-    let user = user_info
-        .split_once(':')
-        .map_or(user_info, |(user, _)| user);
-    let hidden = if user_info.contains(':') {
-        format!("{user}:***")
-    } else {
-        "***".to_string()
+    format!("{scheme}://{}", hide_query_password(&rest))
+}
+
+/// `pass=<value>` in a query string replaced by `pass=***`.
+fn hide_query_password(text: &str) -> String {
+    let Some((path, query)) = text.split_once('?') else {
+        return text.to_string();
     };
-    format!("{scheme}://{hidden}{}", &rest[at..])
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name @ ("pass" | "password"), _)) => format!("{name}=***"),
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{path}?{}", query.join("&"))
 }
 
 #[cfg(test)]
@@ -169,6 +186,14 @@ mod tests {
         );
         assert_eq!(hide_password("redis://host:6379"), "redis://host:6379");
         assert_eq!(hide_password("redis://token@host"), "redis://***@host");
+        assert_eq!(
+            hide_password("redis://:ab/cd@e@host:6379/0"),
+            "redis://:***@host:6379/0"
+        );
+        assert_eq!(
+            hide_password("redis+unix:///run/r.sock?db=1&pass=xyz"),
+            "redis+unix:///run/r.sock?db=1&pass=***"
+        );
     }
 
     #[test]
@@ -177,6 +202,7 @@ mod tests {
         assert!(!one.is_node_list());
         assert_eq!(one.shown, "redis://:***@127.0.0.1:7000/2");
         let list = Address::parse("redis://a:7000, redis://b:7001").expect("list");
+        assert!(Address::parse("redis://unix-a:7000,redis://unix-b:7000").is_ok());
         assert!(list.is_node_list());
         assert!(Address::parse("rediss://h:6380").expect("tls").uses_tls());
         assert!(matches!(Address::parse(" , "), Err(SetupError::Missing)));
