@@ -87,20 +87,35 @@ impl RedisClient {
         })
     }
 
-    /// Sends `commands` and waits for one reply (or error) each.
-    fn each(&self, commands: Vec<Cmd>) -> Vec<Result<Value, DkvError>> {
+    /// Sends `commands` without waiting for the replies.
+    fn send(&self, commands: Vec<Cmd>) -> InFlight {
         let count = commands.len();
-        let connection = self.connection.clone();
-        let replies = self
-            .runtime
-            .as_ref()
-            .and_then(|runtime| run_on(runtime, connection.each(commands)));
-        match replies {
-            Some(replies) if replies.len() == count => replies
+        let (done, replies) = std::sync::mpsc::sync_channel(1);
+        if let Some(runtime) = &self.runtime {
+            let work = self.connection.clone().each(commands);
+            runtime.spawn(async move {
+                let _ = done.send(work.await);
+            });
+        }
+        InFlight { count, replies }
+    }
+}
+
+/// Commands sent, their replies still to come.
+struct InFlight {
+    count: usize,
+    replies: std::sync::mpsc::Receiver<Vec<redis::RedisResult<Value>>>,
+}
+
+impl InFlight {
+    /// Waits for one reply (or error) per command.
+    fn wait(self) -> Vec<Result<Value, DkvError>> {
+        match self.replies.recv() {
+            Ok(replies) if replies.len() == self.count => replies
                 .into_iter()
                 .map(|reply| reply.map_err(|e| store_error(&e)))
                 .collect(),
-            _ => vec![Err(stopped()); count],
+            _ => vec![Err(stopped()); self.count],
         }
     }
 }
@@ -186,10 +201,10 @@ fn check_key(key: &[u8]) -> Result<(), DkvError> {
     Ok(())
 }
 
-/// Sends the commands of the valid items (built as they are sent, in pipelines of
-/// about [`PIPELINE_BYTES`] of arguments and expected replies: each command comes with
-/// its weight), keeping each invalid item's error; `finish` turns item `at`'s reply
-/// into its result.
+/// Sends the commands of the valid items, keeping each invalid item's error; `finish`
+/// turns item `at`'s reply into its result. Commands go out in pipelines of about
+/// [`PIPELINE_BYTES`] of arguments and expected replies (each command comes with its
+/// weight), each built while the previous one is on its way: at most two in flight.
 fn send_valid<T>(
     client: &RedisClient,
     checked: impl Iterator<Item = Result<(Cmd, usize), DkvError>>,
@@ -198,9 +213,9 @@ fn send_valid<T>(
     let mut results: Vec<Option<Result<T, DkvError>>> = Vec::new();
     let mut pending: Vec<(usize, Cmd)> = Vec::new();
     let mut bytes = 0usize;
-    let mut flush = |pending: &mut Vec<(usize, Cmd)>, results: &mut Vec<Option<_>>| {
-        let (positions, commands): (Vec<usize>, Vec<Cmd>) = pending.drain(..).unzip();
-        for (at, reply) in positions.into_iter().zip(client.each(commands)) {
+    let mut in_flight: Option<(Vec<usize>, InFlight)> = None;
+    let mut deliver = |(positions, sent): (Vec<usize>, InFlight), results: &mut Vec<Option<_>>| {
+        for (at, reply) in positions.into_iter().zip(sent.wait()) {
             results[at] = Some(reply.and_then(|value| finish(at, value)));
         }
     };
@@ -212,14 +227,24 @@ fn send_valid<T>(
                 bytes = bytes.saturating_add(weight);
                 pending.push((at, command));
                 if bytes >= PIPELINE_BYTES {
-                    flush(&mut pending, &mut results);
+                    let (positions, commands) = pending.drain(..).unzip();
+                    let sent = (positions, client.send(commands));
+                    if let Some(previous) = in_flight.replace(sent) {
+                        deliver(previous, &mut results);
+                    }
                     bytes = 0;
                 }
             }
         }
     }
     if !pending.is_empty() {
-        flush(&mut pending, &mut results);
+        let (positions, commands) = pending.drain(..).unzip();
+        if let Some(previous) = in_flight.replace((positions, client.send(commands))) {
+            deliver(previous, &mut results);
+        }
+    }
+    if let Some(last) = in_flight.take() {
+        deliver(last, &mut results);
     }
     results
         .into_iter()
