@@ -31,7 +31,7 @@ const MAX_VALUE_LEN: usize = 512 << 20;
 /// Bytes of arguments per pipeline: Redis slows down sharply on pipelines of many
 /// large values (a 256 MiB pipeline of 1 MiB SETs ran at a sixth of the rate of single
 /// SETs), so a batch goes out as pipelines of about this size, one after the other,
-/// each built only when the previous one is answered (little memory in flight).
+/// at most two in flight (little memory held).
 const PIPELINE_BYTES: usize = 1 << 20;
 
 /// A connected Redis or Valkey client.
