@@ -10,7 +10,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use mooncake_offload::backend::{Limits, open_backend};
+use mooncake_offload::backend::{Limits, StorageBackend, open_backend};
 use mooncake_offload::config::{BackendKind, OffloadConfig};
 use mooncake_offload::io::IoEngine;
 
@@ -42,7 +42,8 @@ fn drop_dir_cache(dir: &Path) {
     }
 }
 
-fn gbps(bytes: usize, seconds: f64) -> f64 {
+/// `bytes` moved in `seconds`, in GB/s.
+pub fn gbps(bytes: usize, seconds: f64) -> f64 {
     #[expect(clippy::cast_precision_loss, reason = "display")]
     let bytes = bytes as f64;
     bytes / seconds / 1e9
@@ -103,31 +104,45 @@ fn store(dir: &Path, kind: BackendKind, size: usize, uring: bool) -> (f64, f64) 
     config.path.clone_from(&store_dir);
     let limits = Limits::bytes(2 * TOTAL as u64);
     let (mut store, _) = open_backend(&config, limits, io).expect("open store");
-    let count = TOTAL / size;
-    let per_bucket = (256usize << 20) / size;
-    let per_bucket = per_bucket.clamp(1, 500);
+    let measured = round_trip(store.as_mut(), size, TOTAL, || drop_dir_cache(&store_dir));
+    let _ = std::fs::remove_dir_all(&store_dir);
+    measured.expect("write and read back")
+}
+
+/// Writes `total` bytes of `size`-byte objects through `store` in batches as the
+/// offload loop does (500 objects or 256 MiB each), runs `before_reads`, then reads
+/// every object back one by one, checking it: (write GB/s, read GB/s).
+pub fn round_trip(
+    store: &mut dyn StorageBackend,
+    size: usize,
+    total: usize,
+    before_reads: impl FnOnce(),
+) -> Result<(f64, f64), String> {
+    let count = total / size;
+    let per_batch = ((256usize << 20) / size).clamp(1, 500);
     let keys: Vec<String> = (0..count).map(|i| format!("bench-{size}-{i}")).collect();
-    let values: Vec<Vec<u8>> = (0..per_bucket).map(|i| pattern(size, i)).collect();
+    let values: Vec<Vec<u8>> = (0..per_batch).map(|i| pattern(size, i)).collect();
     let started = Instant::now();
-    for chunk in keys.chunks(per_bucket) {
+    for chunk in keys.chunks(per_batch) {
         let objects: Vec<(&str, &[u8])> = chunk
             .iter()
             .enumerate()
             .map(|(i, k)| (k.as_str(), values[i].as_slice()))
             .collect();
-        store.write_batch(&objects).expect("write batch");
+        store.write_batch(&objects).map_err(|e| e.to_string())?;
     }
     let write = gbps(count * size, started.elapsed().as_secs_f64());
-    drop_dir_cache(&store_dir);
+    before_reads();
     let mut dest = vec![0u8; size];
     let started = Instant::now();
     for (i, key) in keys.iter().enumerate() {
-        store.read_into(key, &mut dest).expect("read back");
-        assert!(dest == values[i % per_bucket], "{key}: wrong bytes");
+        store.read_into(key, &mut dest).map_err(|e| e.to_string())?;
+        if dest != values[i % per_batch] {
+            return Err(format!("{key}: wrong bytes read back"));
+        }
     }
     let read = gbps(count * size, started.elapsed().as_secs_f64());
-    let _ = std::fs::remove_dir_all(&store_dir);
-    (write, read)
+    Ok((write, read))
 }
 
 /// Where disk measurements happen: `MOONCAKE_BENCH_DIR`, else the system's temporary
@@ -144,7 +159,8 @@ fn bench_dir() -> PathBuf {
     dir
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
+/// The median of `values` (not empty).
+pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
 }

@@ -15,6 +15,7 @@ use mooncake_offload::backend::{Limits, open_backend};
 use mooncake_offload::config::{BackendKind, OffloadConfig};
 use mooncake_offload::io::IoEngine;
 
+use crate::offload::{median, round_trip};
 use crate::processes::{Processes, free_port};
 
 /// Bytes written and read per measurement.
@@ -22,16 +23,6 @@ const TOTAL: usize = 256 << 20;
 
 /// Object sizes measured.
 const SIZES: [(usize, &str); 2] = [(64 << 10, "64 KiB"), (1 << 20, "1 MiB")];
-
-fn gbps(bytes: usize, seconds: f64) -> f64 {
-    bytes as f64 / seconds / 1e9
-}
-
-fn pattern(len: usize, seed: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i.wrapping_mul(131) ^ seed.wrapping_mul(7)).to_le_bytes()[0])
-        .collect()
-}
 
 /// Starts `redis-server` on a free loopback port; waits until it answers.
 fn start_server() -> Result<(Processes, u16), String> {
@@ -65,31 +56,9 @@ fn backend(port: u16, size: usize, round: usize) -> Result<(f64, f64), String> {
     let io = Arc::new(IoEngine::new(false));
     let (mut store, _) =
         open_backend(&config, Limits::bytes(2 * TOTAL as u64), io).map_err(|e| e.to_string())?;
-    let count = TOTAL / size;
-    let per_batch = ((256usize << 20) / size).clamp(1, 500);
-    let keys: Vec<String> = (0..count).map(|i| format!("obj-{i}")).collect();
-    let values: Vec<Vec<u8>> = (0..per_batch).map(|i| pattern(size, i)).collect();
-    let started = Instant::now();
-    for chunk in keys.chunks(per_batch) {
-        let objects: Vec<(&str, &[u8])> = chunk
-            .iter()
-            .enumerate()
-            .map(|(i, k)| (k.as_str(), values[i].as_slice()))
-            .collect();
-        store.write_batch(&objects).map_err(|e| e.to_string())?;
-    }
-    let write = gbps(count * size, started.elapsed().as_secs_f64());
-    let mut dest = vec![0u8; size];
-    let started = Instant::now();
-    for (i, key) in keys.iter().enumerate() {
-        store.read_into(key, &mut dest).map_err(|e| e.to_string())?;
-        if dest != values[i % per_batch] {
-            return Err(format!("{key}: wrong bytes read back"));
-        }
-    }
-    let read = gbps(count * size, started.elapsed().as_secs_f64());
+    let measured = round_trip(store.as_mut(), size, TOTAL, || {});
     store.remove_all();
-    Ok((write, read))
+    measured
 }
 
 /// `redis-benchmark` SET and GET of `size` bytes with `clients` connections pipelining
@@ -121,11 +90,6 @@ fn redis_benchmark(
         rate("SET")? * size as f64 / 1e9,
         rate("GET")? * size as f64 / 1e9,
     ))
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 /// Runs the section `repeats` times (rows interleaved in each round) and prints

@@ -47,6 +47,14 @@ pub fn free_tcp_port() -> u16 {
         .expect("a free port")
 }
 
+/// kill -9 of `child`, if any, and waits until it is gone.
+pub fn kill9(child: &mut Option<Child>) {
+    if let Some(mut child) = child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 /// A running `mooncake_master`, killed on drop.
 #[derive(Debug)]
 pub struct MasterProcess {
@@ -99,10 +107,7 @@ impl MasterProcess {
 
     /// kill -9.
     pub fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill9(&mut self.child);
     }
 
     /// Starts the same command again (same port).
@@ -230,10 +235,7 @@ impl RealClientProcess {
 
     /// kill -9, and wait for the process to be gone.
     pub fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill9(&mut self.child);
     }
 
     /// Starts the same command again (same port).

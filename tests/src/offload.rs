@@ -103,3 +103,33 @@ pub fn put_and_offload(client: &DummyClient, node: &RealClientProcess, prefix: &
         .collect();
     assert!(all, "objects {prefix}{missing:?} did not reach the disk");
 }
+
+/// Puts `first-0..8` (1 MiB each) and then 24 MiB more, in waves the SSD tier keeps
+/// up with, so the first objects leave memory and live only in the tier.
+pub fn put_past_memory(client: &DummyClient, node: &RealClientProcess) {
+    put_and_offload(client, node, "first-", 8);
+    for wave in 0..6 {
+        put_and_offload(client, node, &format!("more{wave}-"), 4);
+    }
+}
+
+/// Asserts that `key` reads as `value(i, 1 MiB)` through each `(dummy, name)`.
+pub fn assert_reads_through(readers: &[(&DummyClient, &str)], key: &str, i: usize) {
+    for (reader, name) in readers {
+        assert!(
+            reader.get(key).expect(name) == value(i, 1 << 20),
+            "{key} via {name}"
+        );
+    }
+}
+
+/// Asserts that `key` reads as `value(i, 1 MiB)` into a block of `client`'s pool, as an
+/// engine reads (zero-copy).
+pub fn assert_reads_into_pool(client: &DummyClient, key: &str, i: usize) {
+    let dest = client.alloc_from_mem_pool(1 << 20);
+    assert_eq!(client.get_into(key, dest, 1 << 20), Ok(1 << 20));
+    // SAFETY: `dest` is a live pool block of 1 MiB owned by this caller.
+    let got = unsafe { std::slice::from_raw_parts(dest as *const u8, 1 << 20) };
+    assert!(got == value(i, 1 << 20).as_slice(), "{key} into the pool");
+    client.free_to_mem_pool(dest).expect("free");
+}

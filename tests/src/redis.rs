@@ -54,7 +54,7 @@ impl RedisServer {
         let base = dir.path().to_string();
         let file = |name: &str| format!("{base}/{name}");
         let port = free_tcp_port();
-        let mut server = Self::start_unchecked(
+        let mut server = Self::configured(
             &[
                 "--port",
                 "0",
@@ -102,13 +102,13 @@ impl RedisServer {
     }
 
     fn start_with(extra: &[&str], dir: Option<TempDir>) -> Self {
-        let mut server = Self::start_unchecked(extra, dir);
+        let mut server = Self::configured(extra, dir);
         server.spawn();
         server
     }
 
-    /// The server's settings, not started yet.
-    fn start_unchecked(extra: &[&str], dir: Option<TempDir>) -> Self {
+    /// A server with `extra` settings and `dir`, not started yet.
+    fn configured(extra: &[&str], dir: Option<TempDir>) -> Self {
         let port = free_tcp_port();
         let mut args: Vec<String> = [
             "--bind",
@@ -228,10 +228,7 @@ impl RedisServer {
             !self.args.is_empty(),
             "the shared server is not this test's to stop"
         );
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::kill9(&mut self.child);
     }
 
     /// Starts the same server again (same port, empty).
@@ -243,10 +240,7 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::kill9(&mut self.child);
     }
 }
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use mooncake_dummy_client::{DummyClient, ErrorCode};
 use mooncake_integration_tests::offload::{
-    assert_gone, comes_back, dummy, on_disk, only_on_disk, put_and_offload, value,
+    assert_gone, assert_reads_into_pool, assert_reads_through, comes_back, dummy, on_disk,
+    only_on_disk, put_and_offload, put_past_memory, value,
 };
 use mooncake_integration_tests::redis::{RedisCluster, RedisServer};
 use mooncake_integration_tests::{MasterProcess, RealClientProcess, eventually, unique_port};
@@ -131,13 +132,10 @@ fn redis_node(
     )
 }
 
-/// Puts `first-0..8` and then three times the segment more, so the first objects
-/// leave memory and live only in the store.
+/// Puts `first-0..8` and 24 MiB more into a 16 MB segment, so the first objects leave
+/// memory and live only in the store.
 fn fill_past_memory(client: &DummyClient, node: &RealClientProcess) {
-    put_and_offload(client, node, "first-", 8);
-    for wave in 0..6 {
-        put_and_offload(client, node, &format!("more{wave}-"), 4);
-    }
+    put_past_memory(client, node);
     assert!(
         only_on_disk(client, "first-0"),
         "first-0 is still in memory"
@@ -158,21 +156,8 @@ fn objects_evicted_into_redis_are_read_through_any_node_and_survive_a_kill9_of_t
     let via_b = dummy(&b);
     for i in 0..8 {
         let key = format!("first-{i}");
-        assert!(
-            via_a.get(&key).expect("via A") == value(i, 1 << 20),
-            "{key} via A"
-        );
-        assert!(
-            via_b.get(&key).expect("via B") == value(i, 1 << 20),
-            "{key} via B"
-        );
-        // Into B's dummy pool, as an engine reads.
-        let dest = via_b.alloc_from_mem_pool(1 << 20);
-        assert_eq!(via_b.get_into(&key, dest, 1 << 20), Ok(1 << 20));
-        // SAFETY: `dest` is a live pool block of 1 MiB owned by this test.
-        let got = unsafe { std::slice::from_raw_parts(dest as *const u8, 1 << 20) };
-        assert!(got == value(i, 1 << 20).as_slice());
-        via_b.free_to_mem_pool(dest).expect("free");
+        assert_reads_through(&[(&via_a, "A"), (&via_b, "B")], &key, i);
+        assert_reads_into_pool(&via_b, &key, i);
     }
 
     // kill -9 of the node: it rebuilds its index by scanning Redis and registers the
@@ -348,26 +333,12 @@ fn the_distributed_kv_backend_keeps_evicted_objects_readable_through_any_node() 
         ],
     );
     let via_a = dummy(&a);
-    put_and_offload(&via_a, &a, "first-", 8);
-    for wave in 0..6 {
-        put_and_offload(&via_a, &a, &format!("more{wave}-"), 4);
-    }
-    assert!(
-        only_on_disk(&via_a, "first-0"),
-        "first-0 is still in memory"
-    );
+    fill_past_memory(&via_a, &a);
     let b = RealClientProcess::join(&master, "64MB", &[]);
     let via_b = dummy(&b);
     for i in 0..8 {
         let key = format!("first-{i}");
-        assert!(
-            via_a.get(&key).expect("via A") == value(i, 1 << 20),
-            "{key} via A"
-        );
-        assert!(
-            via_b.get(&key).expect("via B") == value(i, 1 << 20),
-            "{key} via B"
-        );
+        assert_reads_through(&[(&via_a, "A"), (&via_b, "B")], &key, i);
     }
     assert_eq!(via_b.remove("first-0", true), Ok(()));
     assert_gone(&via_a, "first-0", "removed");

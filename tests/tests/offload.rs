@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use mooncake_dummy_client::{DummyClient, ErrorCode, ReplicateConfig};
 use mooncake_integration_tests::offload::{
-    TempDir, assert_gone, comes_back, dummy, on_disk, only_on_disk, put_and_offload, value,
+    TempDir, assert_gone, assert_reads_into_pool, assert_reads_through, comes_back, dummy, on_disk,
+    only_on_disk, put_and_offload, put_past_memory, value,
 };
 use mooncake_integration_tests::{MasterProcess, RealClientProcess, eventually};
 
@@ -63,12 +64,7 @@ fn evicted_objects_survive(backend: &str, uring: bool) {
     let mut master = MasterProcess::start(&["--enable_offload=true"]);
     let mut a = disk_node_with(&master, "16MB", &dir, backend, uring);
     let via_a = dummy(&a);
-    put_and_offload(&via_a, &a, "first-", 8);
-    // Twice the segment more, in waves the disk keeps up with: the first objects leave
-    // memory.
-    for wave in 0..6 {
-        put_and_offload(&via_a, &a, &format!("more{wave}-"), 4);
-    }
+    put_past_memory(&via_a, &a);
     let evicted: Vec<usize> = (0..8)
         .filter(|i| only_on_disk(&via_a, &format!("first-{i}")))
         .collect();
@@ -78,21 +74,8 @@ fn evicted_objects_survive(backend: &str, uring: bool) {
     let via_b = dummy(&b);
     for i in 0..8 {
         let key = format!("first-{i}");
-        assert!(
-            via_a.get(&key).expect("read via A") == value(i, 1 << 20),
-            "{key} via A"
-        );
-        assert!(
-            via_b.get(&key).expect("read via B") == value(i, 1 << 20),
-            "{key} via B"
-        );
-        // Zero-copy read into B's dummy pool.
-        let dest = via_b.alloc_from_mem_pool(1 << 20);
-        assert_eq!(via_b.get_into(&key, dest, 1 << 20), Ok(1 << 20));
-        // SAFETY: `dest` is a live pool block of 1 MiB owned by this test.
-        let got = unsafe { std::slice::from_raw_parts(dest as *const u8, 1 << 20) };
-        assert!(got == value(i, 1 << 20).as_slice());
-        via_b.free_to_mem_pool(dest).expect("free");
+        assert_reads_through(&[(&via_a, "A"), (&via_b, "B")], &key, i);
+        assert_reads_into_pool(&via_b, &key, i);
     }
 
     // kill -9 of the node: after its restart everything on its disk is readable again.

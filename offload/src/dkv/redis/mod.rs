@@ -252,6 +252,19 @@ fn send_valid<T>(
         .collect()
 }
 
+/// `<command> <key>` for each of `keys` (a bad key keeps its error).
+fn on_each_key<'a>(
+    command: &'a str,
+    keys: &'a [&[u8]],
+) -> impl Iterator<Item = Result<(Cmd, usize), DkvError>> + 'a {
+    keys.iter().map(move |key| {
+        check_key(key)?;
+        let mut one = redis::cmd(command);
+        one.arg(*key);
+        Ok(weighed(one))
+    })
+}
+
 fn unexpected(reply: &Value) -> DkvError {
     DkvError::Store(format!("unexpected Redis reply {reply:?}"))
 }
@@ -305,26 +318,14 @@ impl DkvClient for RedisClient {
     }
 
     fn batch_exists(&self, keys: &[&[u8]]) -> Vec<Result<bool, DkvError>> {
-        let checked = keys.iter().map(|key| {
-            check_key(key)?;
-            let mut exists = redis::cmd("EXISTS");
-            exists.arg(*key);
-            Ok(weighed(exists))
-        });
-        send_valid(self, checked, |_, reply| match reply {
+        send_valid(self, on_each_key("EXISTS", keys), |_, reply| match reply {
             Value::Int(count) => Ok(count > 0),
             other => Err(unexpected(&other)),
         })
     }
 
     fn batch_delete(&self, keys: &[&[u8]]) -> Vec<Result<(), DkvError>> {
-        let checked = keys.iter().map(|key| {
-            check_key(key)?;
-            let mut unlink = redis::cmd("UNLINK");
-            unlink.arg(*key);
-            Ok(weighed(unlink))
-        });
-        send_valid(self, checked, |_, reply| match reply {
+        send_valid(self, on_each_key("UNLINK", keys), |_, reply| match reply {
             Value::Int(_) => Ok(()),
             other => Err(unexpected(&other)),
         })
