@@ -9,6 +9,8 @@ import logging
 from . import _tensor
 from ._store import ERROR_CODES
 
+__all__ = []
+
 log = logging.getLogger("mooncake")
 
 INVALID_PARAMS = ERROR_CODES["INVALID_PARAMS"]

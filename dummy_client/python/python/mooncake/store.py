@@ -13,6 +13,8 @@ import logging
 import os
 import uuid
 
+from . import _tensor_api
+from ._tensor_api import *  # noqa: F403 (the tensor module's public names: see its __all__)
 from ._tensor_api import TensorMixin
 from ._store import ERROR_CODES, ReplicateConfig, SoftPinAction, _RawBuffer, _StoreBase
 
@@ -22,10 +24,10 @@ __all__ = [
     "SoftPinAction",
     "BufferHandle",
     "ERROR_CODES",
+    *_tensor_api.__all__,
 ]
 
 log = logging.getLogger("mooncake")
-
 
 
 class BufferHandle:
