@@ -13,7 +13,8 @@ import logging
 import os
 import uuid
 
-from . import _tensor_api
+from . import _extras, _tensor_api
+from ._extras import *  # noqa: F403 (helper classes: see its __all__)
 from ._tensor_api import *  # noqa: F403 (the tensor module's public names: see its __all__)
 from ._tensor_api import TensorMixin
 from ._store import ERROR_CODES, ReplicateConfig, SoftPinAction, _RawBuffer, _StoreBase
@@ -25,6 +26,7 @@ __all__ = [
     "BufferHandle",
     "ERROR_CODES",
     *_tensor_api.__all__,
+    *_extras.__all__,
 ]
 
 log = logging.getLogger("mooncake")
