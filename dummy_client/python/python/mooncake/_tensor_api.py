@@ -185,6 +185,11 @@ _NUMPY_CODES = {
 }  # fmt: skip
 
 
+def _contiguous(array):
+    """``array`` in C order (``numpy.ascontiguousarray`` would turn 0-d into 1-d)."""
+    return array if array.flags.c_contiguous else array.copy(order="C")
+
+
 def _to_storage(tensor):
     """(C-contiguous little-endian numpy array of the storage dtype, dtype code) of a
     torch tensor or numpy array (or anything ``numpy.asarray`` takes)."""
@@ -197,7 +202,7 @@ def _to_storage(tensor):
         t = tensor.detach().to("cpu").contiguous()
         if code in (12, 13, 14):
             t = t.view(torch.uint16 if code == 12 else torch.uint8)
-        return np.ascontiguousarray(t.numpy()), code
+        return _contiguous(t.numpy()), code
     array = np.asarray(tensor)
     dtype = array.dtype
     code = T.DTYPE_CODES.get(dtype.name) if dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2") else None
@@ -209,8 +214,7 @@ def _to_storage(tensor):
             raise TypeError(f"unsupported array dtype {dtype}")
         if dtype.byteorder == ">":
             array = array.astype(dtype.newbyteorder("<"))
-    array = np.ascontiguousarray(array)
-    return array.view(np.dtype(T.STORAGE[code])), code
+    return _contiguous(array).view(np.dtype(T.STORAGE[code])), code
 
 
 def _storage_view(buf, meta, offset=None):
@@ -901,7 +905,7 @@ class TensorMixin:
             return None
         ctypes.memmove(buffer_ptr, header, len(header))
         if array.nbytes:
-            ctypes.memmove(buffer_ptr + len(header), _numpy().ascontiguousarray(array).ctypes.data, array.nbytes)
+            ctypes.memmove(buffer_ptr + len(header), _contiguous(array).ctypes.data, array.nbytes)
         return self._present_at(buffer_ptr, total)
 
     def batch_get_tensor_with_parallelism_into(self, keys, buffer_ptrs, sizes, targets=None):
