@@ -1,6 +1,7 @@
 """Tensor helpers with torch tensors (skipped when torch is not installed). Mirrors
 upstream's test_tensor_operations and test_00_mixed_put_and_put_tensor_concurrency."""
 
+import ctypes
 import threading
 
 import pytest
@@ -88,14 +89,13 @@ def test_upstream_tensor_operations(store, keys, pool):
 
 @pytest.mark.parametrize("tp_size", [1, 2, 3, 4])
 @pytest.mark.parametrize("split_dim", [0, 1])
-def test_torch_tp_shards_follow_torch_chunk(store, keys, tp_size, split_dim):
-    t = torch.arange(35, dtype=torch.int32).reshape(5, 7)
+def test_torch_tp_shards_split_evenly(store, keys, tp_size, split_dim):
+    t = torch.arange(72, dtype=torch.int32).reshape(6, 12)
     key = keys("tp")
-    chunks = torch.chunk(t, tp_size, dim=split_dim)
     code = store.put_tensor_with_tp(key, t, tp_size=tp_size, split_dim=split_dim)
     shard_keys = [f"{key}_tp_{r}" for r in range(tp_size + 1)]
-    if len(chunks) < tp_size:
-        # torch.chunk gave fewer than tp_size chunks (5 rows in 4 parts: 3): refused.
+    if t.shape[split_dim] % tp_size:
+        # Upstream only splits evenly (6 rows in 4 parts): refused, nothing stored.
         assert code == INVALID_PARAMS
         assert store.batch_is_exist([key, *shard_keys]) == [0] * (tp_size + 2)
         return
@@ -105,7 +105,7 @@ def test_torch_tp_shards_follow_torch_chunk(store, keys, tp_size, split_dim):
         assert_same(store.get_tensor(key), t)
         assert_same(store.get_tensor_with_tp(key, tp_rank=0, tp_size=1), t)
         return
-    for rank, chunk in enumerate(chunks):
+    for rank, chunk in enumerate(torch.chunk(t, tp_size, dim=split_dim)):
         assert_same(store.get_tensor_with_tp(key, tp_rank=rank, tp_size=tp_size, split_dim=split_dim), chunk.contiguous())
     assert store.is_exist(key) == 0
     assert store.get_tensor_with_tp(key, tp_rank=tp_size, tp_size=tp_size) is None
@@ -161,3 +161,54 @@ def test_mixed_put_and_put_tensor_concurrency(store, keys):
         assert store.get(key) == value
     for key, tensor in tensors.items():
         assert_same(store.get_tensor(key), tensor)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16, torch.uint32, torch.uint64], ids=str)
+def test_torch_dtypes_without_numpy_twins(store, keys, dtype):
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3).to(dtype)
+    assert store.put_tensor(keys("t"), t) == OK
+    got = store.get_tensor(keys("t"))
+    assert got.dtype == dtype and tuple(got.shape) == (2, 3)
+    width = t.element_size()
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]
+    assert torch.equal(got.view(bits), t.view(bits))
+
+
+def test_torch_header_is_upstreams(store, keys):
+    from mooncake.store import _deserialize_tensor, _serialize_tensor
+
+    t = torch.ones(2, 3, 4, dtype=torch.bfloat16)
+    meta, ptr, size, owner = _serialize_tensor(t)
+    # Upstream's _serialize_tensor of this tensor (mooncake-transfer-engine 0.3.13).
+    expected = bytearray(304)
+    expected[:40] = bytes.fromhex("4e4f4f4d010030010c000000030000000000000000000000" "3001000000000000" "3000000000000000")
+    shape = bytes.fromhex("0200000000000000" "0300000000000000" "0400000000000000") + b"\xff" * 40
+    expected[40:104] = shape
+    expected[104:168] = shape
+    assert meta == bytes(expected)
+    assert size == 48 and torch.equal(owner, t)
+    assert torch.equal(_deserialize_tensor(meta + ctypes.string_at(ptr, size)), t)
+    assert store.put_tensor(keys("t"), t) == OK
+    assert store.get(keys("t"))[:304] == meta
+
+
+def test_torch_cuda_reads_of_cpu_tensors_are_invalid(store, keys):
+    t = torch.zeros(3, 4)
+    assert store.put_tensor(keys("t"), t) == OK
+    assert store.get_tensor_into_cuda(keys("t"), t) == INVALID_PARAMS  # a CPU tensor, as upstream
+    assert store.batch_get_tensor_into_cuda([keys("t")], [t]) == [INVALID_PARAMS]
+
+
+def test_torch_parallelism_round_trip(store, keys):
+    from mooncake.store import ParallelAxis, ReadTarget, TensorParallelism
+
+    t = torch.arange(48, dtype=torch.float16).reshape(4, 12)
+    for rank, shard in enumerate(torch.chunk(t, 3, dim=1)):
+        axis = ParallelAxis()
+        axis.kind, axis.rank, axis.size, axis.split_dim = "tp", rank, 3, 1
+        layout = TensorParallelism()
+        layout.axes = [axis]
+        assert store.put_tensor_with_parallelism(keys("p"), shard.contiguous(), parallelism=layout) == OK
+    target = ReadTarget()
+    target.mode, target.parallelism = "full", layout
+    assert_same(store.get_tensor_with_parallelism(keys("p"), target), t)
