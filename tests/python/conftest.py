@@ -5,6 +5,9 @@
   derived from the pid (another one when it is in use), killed at teardown;
 * ``start_client``: starts extra real clients with other flags (short lease, isolated
   status), stopped at the end of the test;
+* ``start_master``: starts standalone ``mooncake_master`` processes on free loopback ports
+  (RPC and metrics/HTTP), stopped at the end of the test; ``master_client`` starts a real
+  client joined to one of them;
 * ``dummy_store`` / ``embedded_store``: connected ``MooncakeDistributedStore`` objects
   (dummy mode attached to ``real_client``; embedded mode running its own real client
   in this process), shared by the session;
@@ -22,7 +25,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mooncake_testlib import start_real_client  # noqa: E402
+from mooncake_testlib import start_real_client, start_standalone_master  # noqa: E402
 
 from mooncake.store import MooncakeDistributedStore  # noqa: E402
 
@@ -66,6 +69,37 @@ def start_client(log_dir):
     finally:
         for client in started:
             client.stop()
+
+
+@pytest.fixture
+def start_master(log_dir):
+    """``start_master(*flags)``: a standalone ``mooncake_master`` for one test (loopback
+    RPC and metrics ports), stopped at the end of the test even when it fails."""
+    started = []
+
+    def start(*flags):
+        master = start_standalone_master(log_dir, *flags)
+        started.append(master)
+        return master
+
+    try:
+        yield start
+    finally:
+        for master in started:
+            master.stop()
+
+
+@pytest.fixture
+def master_client(start_client):
+    """``master_client(master, *flags, segment=...)``: a real client joined to a standalone
+    master (its segment named ``127.0.0.1:<port>``), stopped at the end of the test."""
+
+    def start(master, *flags, segment="128MB"):
+        return start_client(
+            f"--master_server_address={master.address}", "--host=127.0.0.1", *flags, segment=segment
+        )
+
+    return start
 
 
 @pytest.fixture

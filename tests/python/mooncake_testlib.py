@@ -169,6 +169,127 @@ def _owned_by(client):
     return bool(inodes & ours)
 
 
+# ----- a standalone master (mooncake_master) on loopback -----
+
+
+def master_binary():
+    """Path of the ``mooncake_master`` binary (``MOONCAKE_MASTER_BIN`` overrides)."""
+    override = os.environ.get("MOONCAKE_MASTER_BIN")
+    if override:
+        return Path(override)
+    return REPO_ROOT / "target" / "release" / "mooncake_master"
+
+
+def free_loopback_port():
+    """A TCP port free on 127.0.0.1 right now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def tcp_accepts(port, host="127.0.0.1"):
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class StandaloneMaster:
+    """A ``mooncake_master`` process started by the tests, on loopback ports."""
+
+    def __init__(self, proc, rpc_port, metrics_port, log_path, flags):
+        self.proc = proc
+        self.rpc_port = rpc_port
+        self.metrics_port = metrics_port
+        self.log_path = log_path
+        self.flags = flags
+
+    @property
+    def address(self):
+        """``host:port`` for ``--master_server_address`` and ``setup(..., master)``."""
+        return f"127.0.0.1:{self.rpc_port}"
+
+    @property
+    def host(self):
+        return "127.0.0.1"
+
+    def http_get(self, path, timeout=3.0):
+        """(status, body text) of ``GET http://127.0.0.1:<metrics port><path>``."""
+        import urllib.error  # noqa: PLC0415
+        import urllib.request  # noqa: PLC0415
+
+        url = f"http://127.0.0.1:{self.metrics_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode(errors="replace")
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def log(self):
+        try:
+            return Path(self.log_path).read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, timeout=5.0):
+        """SIGTERM, then SIGKILL if it does not exit in time. Idempotent."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        return self.proc.returncode
+
+    def __repr__(self):
+        return f"StandaloneMaster(rpc={self.rpc_port}, metrics={self.metrics_port}, pid={self.proc.pid})"
+
+
+def start_standalone_master(log_dir, *flags, timeout=15.0):
+    """Starts ``mooncake_master`` with its RPC and metrics/HTTP servers on free loopback
+    ports (retrying other ports when one is taken meanwhile) and waits until its RPC port
+    accepts connections."""
+    binary = master_binary()
+    if not binary.exists():
+        raise RuntimeError(f"{binary} does not exist: build it with `cargo build --release --bins`")
+    last_log = ""
+    for _ in range(10):
+        rpc_port = free_loopback_port()
+        metrics_port = free_loopback_port()
+        if metrics_port == rpc_port:
+            continue
+        log_path = Path(log_dir) / f"mooncake_master_{rpc_port}_{time.monotonic_ns()}.log"
+        args = [
+            *die_with_parent_prefix(),
+            str(binary),
+            f"--rpc_port={rpc_port}",
+            "--rpc_address=127.0.0.1",
+            f"--metrics_port={metrics_port}",
+            "--metrics_host=127.0.0.1",
+            "--enable_metric_reporting=false",
+            *flags,
+        ]
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        master = StandaloneMaster(proc, rpc_port, metrics_port, log_path, list(flags))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            if tcp_accepts(rpc_port) and proc.poll() is None:
+                return master
+            time.sleep(0.02)
+        master.stop()
+        last_log = master.log()
+        if "in use" in last_log:
+            continue
+        raise RuntimeError(f"mooncake_master {args} did not start (rc={proc.returncode}):\n{last_log}")
+    raise RuntimeError(f"no free ports for mooncake_master; last log:\n{last_log}")
+
+
 def wait_until(predicate, timeout=5.0, interval=0.02):
     """Polls ``predicate`` until it returns a truthy value (returned) or time runs out
     (returns the last value)."""
