@@ -1,5 +1,5 @@
-//! What both binaries do around their library: logging setup and waiting for SIGINT or
-//! SIGTERM.
+//! What both commands do around their library: flag parsing outcomes, logging setup,
+//! the runtime, and waiting for SIGINT or SIGTERM ([`command_main`]).
 
 /// Logs to stderr with `RUST_LOG` if set, else `level` (validated by the caller).
 pub fn init_logging(level: &str) {
@@ -42,4 +42,92 @@ pub async fn shutdown_signal(program: &str) {
 /// before the receiver was created), and when every sender is gone.
 pub async fn stop_requested(stop: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// Why parsing a command's flags gave nothing to run.
+#[derive(Debug)]
+pub enum NotRun {
+    /// `--help` (or `--version`, another flag that prints and exits): the text to print
+    /// on stdout (exit status 0).
+    Help(String),
+    /// The flags or the configuration are wrong: the one-line reason (exit status 2).
+    Invalid(String),
+}
+
+/// A long-running command (`mooncake_master`, `mooncake_client`): flags in, then serve
+/// until SIGINT or SIGTERM. [`command_main`] does the rest.
+pub trait Command: Sized {
+    /// The command's name, prefixed to every message on stderr.
+    const NAME: &'static str;
+    /// Why serving failed.
+    type Error: std::fmt::Display;
+
+    /// Parses the flags (without the program name).
+    fn parse(args: Vec<String>) -> Result<Self, NotRun>;
+    /// The `tracing` filter to log with (when `RUST_LOG` is not set).
+    fn log_level(&self) -> &str;
+    /// Installs the logger (by default: stderr, filtered by [`Command::log_level`]);
+    /// an error stops startup with exit status 2.
+    fn init_logging(&self) -> Result<(), String> {
+        init_logging(self.log_level());
+        Ok(())
+    }
+    /// Runtime worker threads; 0 means one per core.
+    fn worker_threads(&self) -> usize;
+    /// Serves until `shutdown` completes.
+    fn serve(
+        self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> impl std::future::Future<Output = Result<(), Self::Error>>;
+}
+
+/// The whole `main` of a [`Command`]: parse `args` (without the program name), set up
+/// logging and the runtime, serve until SIGINT or SIGTERM. Returns the exit status: 0
+/// after `--help` or a clean stop, 2 with one line on stderr when the configuration is
+/// bad or serving fails.
+///
+/// Used by the binaries and by the Python package's console scripts, which run it in
+/// the interpreter's own process (so the command's pid is the server's).
+pub fn command_main<C: Command>(args: impl IntoIterator<Item = String>) -> u8 {
+    let status = run_command::<C>(args.into_iter().collect());
+    // Embedded in another process (Python), stdout is not flushed at exit by Rust.
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    status
+}
+
+fn run_command<C: Command>(args: Vec<String>) -> u8 {
+    let name = C::NAME;
+    let command = match C::parse(args) {
+        Ok(command) => command,
+        Err(NotRun::Help(text)) => {
+            print!("{text}");
+            return 0;
+        }
+        Err(NotRun::Invalid(reason)) => {
+            eprintln!("{name}: {reason}");
+            return 2;
+        }
+    };
+    if let Err(reason) = command.init_logging() {
+        eprintln!("{name}: {reason}");
+        return 2;
+    }
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if command.worker_threads() > 0 {
+        builder.worker_threads(command.worker_threads());
+    }
+    let runtime = match builder.enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("{name}: cannot start the runtime: {error}");
+            return 2;
+        }
+    };
+    match runtime.block_on(command.serve(shutdown_signal(name))) {
+        Ok(()) => 0,
+        Err(error) => {
+            eprintln!("{name}: {error}");
+            2
+        }
+    }
 }

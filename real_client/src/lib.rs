@@ -13,9 +13,10 @@
 //! * [`rpc`]: the request handlers;
 //! * [`store`]: puts and gets against the master and the segment.
 //!
-//! The binary is thin: it parses flags and calls [`run`]. Embedders (the Python
+//! The binary is thin: [`cli::main`] parses flags and calls [`run`]. Embedders (the Python
 //! `setup()` mode) call [`RealClient::start`] instead.
 
+pub mod cli;
 pub mod config;
 pub mod disk;
 pub mod disk_staging;

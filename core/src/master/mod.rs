@@ -13,6 +13,7 @@
 
 mod clients;
 mod clock;
+pub mod command;
 mod config;
 pub mod daemon;
 mod eviction;

@@ -6,6 +6,7 @@
 //! upstream's conventions: `0` or a positive value on success, the negative error code
 //! on failure; batch calls return one entry per input.
 
+mod commands;
 mod config;
 mod convert;
 mod store;
@@ -15,6 +16,7 @@ use pyo3::prelude::*;
 /// The extension module.
 #[pymodule]
 fn _store(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    commands::register(m)?;
     m.add_class::<config::PyReplicateConfig>()?;
     m.add_class::<config::PySoftPinAction>()?;
     m.add_class::<store::PyStore>()?;

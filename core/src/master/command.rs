@@ -1,0 +1,50 @@
+//! The `mooncake_master` command: what the binary and the Python package's
+//! `mooncake_master` console script both run.
+
+use crate::flags::FlagError;
+use crate::process::{Command, NotRun, command_main};
+
+use super::daemon::{DaemonConfigError, DaemonError, MasterDaemonConfig, run};
+
+/// Runs `mooncake_master` with `args` (without the program name) until SIGINT or
+/// SIGTERM; returns the exit status (0, or 2 with one line on stderr).
+pub fn main(args: impl IntoIterator<Item = String>) -> u8 {
+    command_main::<MasterCommand>(args)
+}
+
+/// The master's configuration, as a [`Command`].
+struct MasterCommand(MasterDaemonConfig);
+
+impl Command for MasterCommand {
+    const NAME: &'static str = "mooncake_master";
+    type Error = DaemonError;
+
+    fn parse(args: Vec<String>) -> Result<Self, NotRun> {
+        match MasterDaemonConfig::from_args(args) {
+            Ok(config) => Ok(Self(config)),
+            Err(DaemonConfigError::Flag(FlagError::Help(text))) => Err(NotRun::Help(text)),
+            Err(error) => Err(NotRun::Invalid(error.to_string())),
+        }
+    }
+
+    fn log_level(&self) -> &str {
+        &self.0.log_level
+    }
+
+    fn worker_threads(&self) -> usize {
+        self.0.threads
+    }
+
+    async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), DaemonError> {
+        run(self.0, random_id(), shutdown).await
+    }
+}
+
+/// An identifier for this master run: the clock mixed with the pid, so that clients
+/// notice a restarted master.
+fn random_id() -> u128 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    nanos ^ (u128::from(std::process::id()) << 64)
+}

@@ -1,0 +1,41 @@
+//! The `mooncake_client` command: what the binary and the Python package's
+//! `mooncake_client` console script both run.
+
+use mooncake_core::flags::FlagError;
+use mooncake_core::process::{Command, NotRun, command_main};
+
+use crate::{ConfigError, RealClientConfig, StartError, run};
+
+/// Runs `mooncake_client` with `args` (without the program name) until SIGINT or
+/// SIGTERM; returns the exit status (0, or 2 with one line on stderr).
+pub fn main(args: impl IntoIterator<Item = String>) -> u8 {
+    command_main::<ClientCommand>(args)
+}
+
+/// The real client's configuration, as a [`Command`].
+struct ClientCommand(RealClientConfig);
+
+impl Command for ClientCommand {
+    const NAME: &'static str = "mooncake_client";
+    type Error = StartError;
+
+    fn parse(args: Vec<String>) -> Result<Self, NotRun> {
+        match RealClientConfig::from_args(args) {
+            Ok(config) => Ok(Self(config)),
+            Err(ConfigError::Flag(FlagError::Help(text))) => Err(NotRun::Help(text)),
+            Err(error) => Err(NotRun::Invalid(error.to_string())),
+        }
+    }
+
+    fn log_level(&self) -> &str {
+        &self.0.log_level
+    }
+
+    fn worker_threads(&self) -> usize {
+        self.0.threads
+    }
+
+    async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
+        run(self.0, shutdown).await
+    }
+}
