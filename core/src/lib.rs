@@ -14,6 +14,8 @@ pub mod config_file;
 pub mod error;
 pub mod flags;
 pub mod http;
+pub mod http_metadata;
+pub mod logging;
 pub mod master;
 pub mod op_metrics;
 pub mod process;

@@ -3,167 +3,89 @@
 
 use std::time::Duration;
 
-use mooncake_core::flags::{self, FlagError, FlagKind, FlagSpec, ParsedFlags};
+use mooncake_core::config_file;
+use mooncake_core::flags::{
+    self, ARENA_FLAGS, Accepts, Compat, FlagError, FlagSpec, GFLAGS, ParsedFlags, Program,
+};
+use mooncake_core::logging::{LOG_FLAGS, LogError, LogSettings};
 use mooncake_core::master::MasterConfig;
 use mooncake_core::protocol::address::{DEFAULT_REAL_CLIENT_PORT, SocketAddress};
 
-/// Every flag `mooncake_client` accepts.
-pub static FLAGS: &[FlagSpec] = &[
-    FlagSpec {
-        name: "host",
-        kind: FlagKind::Value,
-        env: Some("MOONCAKE_LOCAL_HOSTNAME"),
-        default: Some("0.0.0.0"),
-        help: "address other nodes use to reach this one; also names the global segment",
-    },
-    FlagSpec {
-        name: "port",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("50052"),
-        help: "instance port; dummies find the socket @mooncake_client_<port>.sock",
-    },
-    FlagSpec {
-        name: "socket_path",
-        kind: FlagKind::Value,
-        env: None,
-        default: None,
-        help: "serve dummies on this socket file (mode 0600) instead of the abstract socket",
-    },
-    FlagSpec {
-        name: "allowed_uids",
-        kind: FlagKind::Value,
-        env: None,
-        default: None,
-        help: "comma-separated uids allowed to attach besides our own",
-    },
-    FlagSpec {
-        name: "master_server_address",
-        kind: FlagKind::Value,
-        env: Some("MOONCAKE_MASTER"),
-        default: Some("embedded"),
-        help: "master address; `embedded` runs the master in-process",
-    },
-    FlagSpec {
-        name: "embedded_master_port",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("50051"),
-        help: "with the embedded master: also serve it on 127.0.0.1:<port> for other local processes (0: do not)",
-    },
-    FlagSpec {
-        name: "transfer_port",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("0"),
-        help: "TCP port of the transfer engine that peers read from and write to (0: any free port)",
-    },
-    FlagSpec {
-        name: "enable_http_server",
-        kind: FlagKind::Bool,
-        env: Some("MOONCAKE_ENABLE_CLIENT_HTTP_SERVER"),
-        default: Some("false"),
-        help: "serve /health, /metrics (Prometheus) and /status (JSON) over HTTP",
-    },
-    FlagSpec {
-        name: "http_port",
-        kind: FlagKind::Value,
-        env: Some("MOONCAKE_CLIENT_HTTP_PORT"),
-        default: Some("9300"),
-        help: "port of the HTTP server (--enable_http_server)",
-    },
-    FlagSpec {
-        name: "metadata_server",
-        kind: FlagKind::Value,
-        env: Some("MOONCAKE_TE_META_DATA_SERVER"),
-        default: Some("P2PHANDSHAKE"),
-        help: "accepted for compatibility; placement metadata travels through the master",
-    },
-    FlagSpec {
-        name: "protocol",
-        kind: FlagKind::Value,
-        env: Some("MOONCAKE_PROTOCOL"),
-        default: Some("tcp"),
-        help: "transfer protocol: tcp",
-    },
-    FlagSpec {
-        name: "device_names",
-        kind: FlagKind::Value,
-        env: Some("MOONCAKE_DEVICE"),
-        default: Some(""),
-        help: "RDMA devices (rdma protocol only)",
-    },
-    FlagSpec {
-        name: "global_segment_size",
-        kind: FlagKind::Value,
-        env: Some("MOONCAKE_GLOBAL_SEGMENT_SIZE"),
-        default: Some("4 GB"),
-        help: "memory this node contributes to the pool (e.g. 4GB, 512MB)",
-    },
-    FlagSpec {
-        name: "local_buffer_size",
-        kind: FlagKind::Value,
-        env: Some("MOONCAKE_LOCAL_BUFFER_SIZE"),
-        default: Some("16 MB"),
-        help: "staging memory of the real client itself",
-    },
-    FlagSpec {
-        name: "max_dummy_shm_size",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("1 TB"),
-        help: "most shared memory one dummy may register",
-    },
-    FlagSpec {
-        name: "default_kv_lease_ttl",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("10000"),
-        help: "read lease in ms (or with a unit: 10s, 500ms)",
-    },
-    FlagSpec {
-        name: "threads",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("0"),
-        help: "worker threads; 0 means one per core",
-    },
-    FlagSpec {
-        name: "tenant_id",
-        kind: FlagKind::Value,
-        env: Some("MOONCAKE_TENANT_ID"),
-        default: Some("default"),
-        help: "tenant whose key space this node serves (1-64 of A-Z a-z 0-9 _ - .); other tenants' keys are invisible",
-    },
-    FlagSpec {
-        name: "offload_path",
-        kind: FlagKind::Value,
-        env: None,
-        default: None,
-        help: "SSD tier directory; overrides MOONCAKE_OFFLOAD_FILE_STORAGE_PATH",
-    },
-    FlagSpec {
-        name: "enable_offload",
-        kind: FlagKind::Bool,
-        env: Some("MOONCAKE_OFFLOAD_ENABLED"),
-        default: Some("false"),
-        help: "enable the SSD tier (settings: MOONCAKE_OFFLOAD_*)",
-    },
-    FlagSpec {
-        name: "offload_on_evict",
-        kind: FlagKind::Bool,
-        env: None,
-        default: Some("false"),
-        help: "with --enable_offload and the embedded master: write objects to the SSD tier when they are chosen for eviction, not when written",
-    },
-    FlagSpec {
-        name: "log_level",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("info"),
-        help: "error, warn, info, debug or trace (RUST_LOG overrides)",
-    },
+/// The real client's own flags.
+pub static CLIENT_FLAGS: &[FlagSpec] = &[
+    FlagSpec::value("host", Some("0.0.0.0"), "address other nodes use to reach this one; also names the global segment")
+        .env("MOONCAKE_LOCAL_HOSTNAME")
+        .compat(Compat::Differs("an IP address or host name; upstream's host:port form is refused (use --transfer_port)")),
+    FlagSpec::value("port", Some("50052"), "instance port; dummies find the socket @mooncake_client_<port>.sock")
+        .compat(Compat::Differs("names the Unix socket dummies connect to, not a TCP port")),
+    FlagSpec::value("socket_path", None, "serve dummies on this socket file (mode 0600) instead of the abstract socket").ours(),
+    FlagSpec::value("allowed_uids", None, "comma-separated uids allowed to attach besides our own").ours(),
+    FlagSpec::value("master_server_address", Some("embedded"), "master address host:port; `embedded` runs the master in-process")
+        .env("MOONCAKE_MASTER")
+        .compat(Compat::Differs("default embedded (upstream: 127.0.0.1:50051); etcd:// is refused")),
+    FlagSpec::value("embedded_master_port", Some("50051"), "with the embedded master: also serve it on 127.0.0.1:<port> for other local processes (0: do not)").ours(),
+    FlagSpec::value("transfer_port", Some("0"), "TCP port of the transfer engine that peers read from and write to (0: any free port)").ours(),
+    FlagSpec::boolean("enable_http_server", false, "serve /health, /metrics (Prometheus) and /status (JSON) over HTTP")
+        .env("MOONCAKE_ENABLE_CLIENT_HTTP_SERVER"),
+    FlagSpec::value("http_port", Some("9300"), "port of the HTTP server (--enable_http_server)").env("MOONCAKE_CLIENT_HTTP_PORT"),
+    FlagSpec::value("metadata_server", Some("http://127.0.0.1:8080/metadata"), "transfer-engine metadata server")
+        .env("MOONCAKE_TE_META_DATA_SERVER")
+        .compat(Compat::NoEffect("segment and endpoint metadata travel through the master, as with P2PHANDSHAKE", Accepts::Any)),
+    FlagSpec::value("protocol", Some("tcp"), "transfer protocol: tcp")
+        .env("MOONCAKE_PROTOCOL")
+        .compat(Compat::Differs("tcp only; rdma is refused")),
+    FlagSpec::value("device_names", Some(""), "RDMA devices (rdma protocol only)")
+        .env("MOONCAKE_DEVICE")
+        .compat(Compat::NoEffect("only tcp is available; device names are not used", Accepts::Any)),
+    FlagSpec::value("global_segment_size", Some("4 GB"), "memory this node contributes to the pool (e.g. 4GB, 512MB)")
+        .env("MOONCAKE_GLOBAL_SEGMENT_SIZE"),
+    FlagSpec::value("local_buffer_size", Some("0"), "staging memory of the real client itself")
+        .env("MOONCAKE_LOCAL_BUFFER_SIZE")
+        .compat(Compat::NoEffect(
+            "the real client stages through its global segment and the dummies' own buffers; the size is validated and logged",
+            Accepts::Any,
+        )),
+    FlagSpec::boolean("start_offload_rpc_server", true, "serve SSD-tier reads to other nodes")
+        .compat(Compat::NoEffect(
+            "SSD-tier reads are always served through the transfer engine",
+            Accepts::Only(&["true"]),
+        )),
+    FlagSpec::value("max_dummy_shm_size", Some("1 TB"), "most shared memory one dummy may register").ours(),
+    FlagSpec::value("default_kv_lease_ttl", Some("10000"), "read lease of the embedded master in ms (or 10s, 500ms)").ours(),
+    FlagSpec::value("threads", Some("0"), "worker threads; 0 means one per core")
+        .compat(Compat::Differs("threads of the async runtime; default 0 = one per core (upstream: 1)")),
+    FlagSpec::value("tenant_id", Some("default"), "tenant whose key space this node serves (1-64 of A-Z a-z 0-9 _ - .)")
+        .env("MOONCAKE_TENANT_ID"),
+    FlagSpec::value("offload_path", None, "SSD tier directory; overrides MOONCAKE_OFFLOAD_FILE_STORAGE_PATH").ours(),
+    FlagSpec::boolean("enable_offload", false, "enable the SSD tier (settings: MOONCAKE_OFFLOAD_*)").env("MOONCAKE_OFFLOAD_ENABLED"),
+    FlagSpec::boolean("offload_on_evict", false, "with --enable_offload and the embedded master: write objects to the SSD tier when they are chosen for eviction, not when written").ours(),
 ];
+
+/// Every flag `mooncake_client` accepts.
+pub static FLAGS: &[&[FlagSpec]] = &[CLIENT_FLAGS, LOG_FLAGS, ARENA_FLAGS, GFLAGS];
+
+/// `mooncake_client` for the flag parser.
+pub static PROGRAM: Program = Program {
+    name: "mooncake_client",
+    about: "the mooncake-rs real client: serves dummy clients and owns this node's segment",
+    table: FLAGS,
+};
+
+/// Keys of upstream's `MOONCAKE_CONFIG_PATH` JSON (Python `MooncakeConfig`, and the
+/// `setup(dict)` names) that differ from the flag names.
+pub const CONFIG_FILE_ALIASES: &[(&str, &str)] = &[
+    ("local_hostname", "host"),
+    ("device_name", "device_names"),
+    ("rdma_devices", "device_names"),
+    ("master_server_addr", "master_server_address"),
+    ("enable_ssd_offload", "enable_offload"),
+    ("ssd_offload_path", "offload_path"),
+    ("enable_client_http_server", "enable_http_server"),
+    ("client_http_port", "http_port"),
+];
+
+/// The variable naming the JSON configuration file.
+pub const CONFIG_PATH_VAR: &str = "MOONCAKE_CONFIG_PATH";
 
 /// Validated settings of a real client.
 #[derive(Clone, Debug)]
@@ -196,8 +118,14 @@ pub struct RealClientConfig {
     pub master: MasterConfig,
     /// The SSD tier's settings (`--enable_offload`, then `MOONCAKE_OFFLOAD_*`).
     pub offload: Option<mooncake_offload::config::OffloadConfig>,
-    /// Log filter.
+    /// Staging memory asked for with `--local_buffer_size` (validated, not used).
+    pub local_buffer_size: u64,
+    /// The log filter (`log.filter`), for callers that only install a stderr logger.
     pub log_level: String,
+    /// Logging: the filter plus upstream's glog flags (log file, stderr threshold).
+    pub log: LogSettings,
+    /// Upstream flags accepted without effect, for the startup log.
+    pub compat_notes: Vec<String>,
 }
 
 /// Why the configuration was rejected.
@@ -206,6 +134,12 @@ pub enum ConfigError {
     /// A flag or value did not parse.
     #[error(transparent)]
     Flag(#[from] FlagError),
+    /// A logging flag was rejected.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// The `MOONCAKE_CONFIG_PATH` file is unreadable.
+    #[error("{CONFIG_PATH_VAR}: {0}")]
+    File(#[from] config_file::ConfigFileError),
     /// A value parsed but is not acceptable.
     #[error("invalid --{flag}: {reason}")]
     Invalid {
@@ -224,15 +158,23 @@ fn invalid(flag: &'static str, reason: impl Into<String>) -> ConfigError {
 }
 
 impl RealClientConfig {
-    /// Parses command-line arguments (without the program name) and the environment.
+    /// Parses command-line arguments (without the program name) and the environment
+    /// (no configuration file: for embedders that pass every setting).
     pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Self, ConfigError> {
-        let parsed = flags::parse(
-            FLAGS,
-            "mooncake_client",
-            "the mooncake-rs real client: serves dummy clients and owns this node's segment",
-            args,
-            |var| std::env::var(var).ok(),
-        )?;
+        Self::from_flags(&flags::parse(&PROGRAM, args, |var| {
+            std::env::var(var).ok()
+        })?)
+    }
+
+    /// What the `mooncake_client` command reads: the command line, the environment and
+    /// the JSON file named by `MOONCAKE_CONFIG_PATH` (upstream's keys): flag >
+    /// environment variable > file > default.
+    pub fn from_command_line(args: impl IntoIterator<Item = String>) -> Result<Self, ConfigError> {
+        let mut parsed = flags::parse(&PROGRAM, args, |var| std::env::var(var).ok())?;
+        if let Some(path) = std::env::var_os(CONFIG_PATH_VAR).filter(|p| !p.is_empty()) {
+            let values = config_file::read(std::path::Path::new(&path))?;
+            parsed.merge_file(values, CONFIG_FILE_ALIASES)?;
+        }
         Self::from_flags(&parsed)
     }
 
@@ -257,6 +199,12 @@ impl RealClientConfig {
         }
         let master_address =
             parse_master_address(&flags.string("master_server_address").unwrap_or_default())?;
+        if global_segment_size == 0 && master_address.is_none() {
+            return Err(invalid(
+                "global_segment_size",
+                "0 (a pure client that contributes no memory) needs the master of a cluster (--master_server_address=host:port); with the embedded master give a size such as 4GB",
+            ));
+        }
         let protocol = flags.string("protocol").unwrap_or_default();
         if protocol != "tcp" {
             return Err(invalid(
@@ -284,18 +232,18 @@ impl RealClientConfig {
         if lease.is_zero() {
             return Err(invalid("default_kv_lease_ttl", "must be larger than zero"));
         }
-        let log_level = flags.string("log_level").unwrap_or_else(|| "info".into());
-        if !flags::is_log_filter(&log_level) {
+        let allowed_uids = parse_uids(flags.string("allowed_uids").as_deref().unwrap_or(""))?;
+        let local_buffer_size = flags.size("local_buffer_size")?.unwrap_or(0);
+        let log = LogSettings::from_flags(PROGRAM.name, flags)?;
+        if flags
+            .string("host")
+            .is_some_and(|h| h.parse::<std::net::SocketAddr>().is_ok())
+        {
             return Err(invalid(
-                "log_level",
-                format!(
-                    "{log_level:?}: use error, warn, info, debug or trace (or a RUST_LOG-style filter such as info,mooncake_real_client=debug)"
-                ),
+                "host",
+                "upstream's ip:port form is not accepted; give the address in --host and the port in --transfer_port",
             ));
         }
-        let allowed_uids = parse_uids(flags.string("allowed_uids").as_deref().unwrap_or(""))?;
-        // The value is validated here but the engine is loaded lazily by later tiers.
-        let _local_buffer = flags.size("local_buffer_size")?;
         Ok(RealClientConfig {
             host: flags.string("host").unwrap_or_else(|| "0.0.0.0".into()),
             port,
@@ -320,7 +268,10 @@ impl RealClientConfig {
                 ..MasterConfig::default()
             },
             offload,
-            log_level,
+            local_buffer_size,
+            log_level: log.filter.clone(),
+            log,
+            compat_notes: flags.compat_notes(),
         })
     }
 
@@ -397,10 +348,86 @@ mod tests {
     use super::*;
 
     fn config(args: &[&str]) -> Result<RealClientConfig, ConfigError> {
-        let parsed = flags::parse(FLAGS, "t", "t", args.iter().map(|s| s.to_string()), |_| {
-            None
-        })?;
+        let parsed = flags::parse(&PROGRAM, args.iter().map(|s| s.to_string()), |_| None)?;
         RealClientConfig::from_flags(&parsed)
+    }
+
+    /// The flags `mooncake_client --helpfull` lists in upstream's wheel 0.3.13.
+    const UPSTREAM: &[&str] = &[
+        "enable_http_server",
+        "http_port",
+        "device_names",
+        "enable_offload",
+        "global_segment_size",
+        "host",
+        "local_buffer_size",
+        "master_server_address",
+        "metadata_server",
+        "port",
+        "protocol",
+        "start_offload_rpc_server",
+        "tenant_id",
+        "threads",
+        "mmap_arena_pool_size",
+        "use_mmap_arena_allocator",
+        "flagfile",
+        "fromenv",
+        "tryfromenv",
+        "undefok",
+        "tab_completion_columns",
+        "tab_completion_word",
+        "help",
+        "helpfull",
+        "helpmatch",
+        "helpon",
+        "helppackage",
+        "helpshort",
+        "helpxml",
+        "version",
+        "alsologtoemail",
+        "alsologtostderr",
+        "colorlogtostderr",
+        "drop_log_memory",
+        "log_backtrace_at",
+        "log_dir",
+        "log_link",
+        "log_prefix",
+        "logbuflevel",
+        "logbufsecs",
+        "logemaillevel",
+        "logfile_mode",
+        "logmailer",
+        "logtostderr",
+        "max_log_size",
+        "minloglevel",
+        "stderrthreshold",
+        "stop_logging_if_full_disk",
+        "symbolize_stacktrace",
+        "v",
+        "vmodule",
+    ];
+
+    #[test]
+    fn table_covers_upstream() {
+        assert_eq!(flags::upstream_gaps(FLAGS, UPSTREAM), Vec::<String>::new());
+    }
+
+    #[test]
+    fn upstream_start_command() {
+        let parsed = config(&[
+            "--metadata_server=http://127.0.0.1:8080/metadata",
+            "--protocol",
+            "tcp",
+            "--master_server_address=127.0.0.1:50051",
+            "--global_segment_size=1GB",
+            "--local_buffer_size=16MB",
+        ])
+        .expect("upstream's start command");
+        assert_eq!(parsed.global_segment_size, 1 << 30);
+        assert_eq!(parsed.local_buffer_size, 16 << 20);
+        assert_eq!(parsed.compat_notes.len(), 2, "{:?}", parsed.compat_notes);
+        assert!(config(&["--start_offload_rpc_server=false"]).is_err());
+        assert!(config(&["--host=10.0.0.1:12345"]).is_err());
     }
 
     #[test]
@@ -423,6 +450,7 @@ mod tests {
     fn rejects_bad_values() {
         for args in [
             &["--global_segment_size=lots"][..],
+            &["--global_segment_size=0"],
             &["--global_segment_size=0"],
             &["--port=0"],
             &["--allowed_uids=root"],

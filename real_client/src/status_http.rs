@@ -4,21 +4,29 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use mooncake_core::http::{self, Router};
+use mooncake_core::http::{self, Request, Response, Router};
 
 use crate::server::ServerState;
 
 /// Serves the endpoints until the task is aborted.
 pub async fn serve(address: SocketAddr, state: Arc<ServerState>) {
-    let router: Router = Arc::new(move |path| {
+    let router: Router = Arc::new(move |request: Request| {
         let state = Arc::clone(&state);
         Box::pin(async move {
-            match path.as_str() {
-                "/health" => Some(if state.store.master().is_reachable().await {
-                    (200, "text/plain", "ok\n".to_string())
-                } else {
-                    (503, "text/plain", "master unreachable\n".to_string())
-                }),
+            if request.method != "GET" {
+                return None;
+            }
+            let answer = |status, content_type, body: String| {
+                Some(Response::new(status, Some(content_type), body))
+            };
+            match request.path.as_str() {
+                "/health" => {
+                    if state.store.master().is_reachable().await {
+                        answer(200, "text/plain", "ok\n".to_string())
+                    } else {
+                        answer(503, "text/plain", "master unreachable\n".to_string())
+                    }
+                }
                 "/metrics" => {
                     let status = state.status().await;
                     let mut text = state.metrics.render();
@@ -28,13 +36,13 @@ pub async fn serve(address: SocketAddr, state: Arc<ServerState>) {
                         status.dummies.len(),
                         status.mapped_bytes
                     ));
-                    Some((200, "text/plain; version=0.0.4", text))
+                    answer(200, "text/plain; version=0.0.4", text)
                 }
                 "/status" => {
                     let status = state.status().await;
                     let json = serde_json::to_string_pretty(&status)
                         .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
-                    Some((200, "application/json", json))
+                    answer(200, "application/json", json)
                 }
                 _ => None,
             }

@@ -9,210 +9,452 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::config_file;
-use crate::flags::{self, FlagError, FlagKind, FlagSpec, ParsedFlags};
+use crate::flags::{
+    self, ARENA_FLAGS, Accepts, Compat, FlagError, FlagSpec, GFLAGS, ParsedFlags, Program,
+};
+use crate::logging::{LOG_FLAGS, LogError, LogSettings};
 
 use super::server::{self, MasterHandler};
 use super::{AllocationStrategy, Clock, MasterConfig, MasterService};
 
-/// Every flag of `mooncake_master`, with upstream's names and defaults.
-pub static FLAGS: &[FlagSpec] = &[
-    FlagSpec {
-        name: "config_path",
-        kind: FlagKind::Value,
-        env: None,
-        default: None,
-        help: "JSON or YAML file with flag values (a flag given on the command line wins)",
-    },
-    FlagSpec {
-        name: "rpc_port",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("0"),
-        help: "RPC port; 0 means --port",
-    },
-    FlagSpec {
-        name: "port",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("50051"),
-        help: "RPC port (older name of --rpc_port)",
-    },
-    FlagSpec {
-        name: "rpc_address",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("0.0.0.0"),
-        help: "address the RPC server binds",
-    },
-    FlagSpec {
-        name: "rpc_thread_num",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("0"),
-        help: "RPC worker threads; 0 means one per core",
-    },
-    FlagSpec {
-        name: "max_threads",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("16"),
-        help: "accepted for compatibility (see --rpc_thread_num)",
-    },
-    FlagSpec {
-        name: "default_kv_lease_ttl",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("10000"),
-        help: "read lease in ms (or 10s, 500ms)",
-    },
-    FlagSpec {
-        name: "default_kv_soft_pin_ttl",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("1800000"),
-        help: "soft-pin TTL in ms when a write asks for none",
-    },
-    FlagSpec {
-        name: "max_kv_soft_pin_ttl",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("86400000"),
-        help: "longest soft-pin TTL in ms",
-    },
-    FlagSpec {
-        name: "allow_evict_soft_pinned_objects",
-        kind: FlagKind::Bool,
-        env: None,
-        default: Some("true"),
-        help: "let eviction take soft-pinned objects when nothing else is left",
-    },
-    FlagSpec {
-        name: "eviction_ratio",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("0.05"),
-        help: "fraction of capacity one eviction round frees",
-    },
-    FlagSpec {
-        name: "eviction_high_watermark_ratio",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("0.90"),
-        help: "memory use that starts eviction",
-    },
-    FlagSpec {
-        name: "client_ttl",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("10"),
-        help: "seconds without heartbeat after which a real client's segments are unmounted",
-    },
-    FlagSpec {
-        name: "put_start_discard_timeout_sec",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("30"),
-        help: "an unfinished write may be replaced after this many seconds",
-    },
-    FlagSpec {
-        name: "put_start_release_timeout_sec",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("600"),
-        help: "space of a replaced write is reused after this many seconds",
-    },
-    FlagSpec {
-        name: "pending_task_timeout_sec",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("300"),
-        help: "a copy/move task not started by its real client within this many seconds fails",
-    },
-    FlagSpec {
-        name: "processing_task_timeout_sec",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("300"),
-        help: "a started copy/move task not finished within this many seconds fails",
-    },
-    FlagSpec {
-        name: "allocation_strategy",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("random"),
-        help: "random or free_ratio_first",
-    },
-    FlagSpec {
-        name: "cluster_id",
-        kind: FlagKind::Value,
-        env: Some("MC_STORE_CLUSTER_ID"),
-        default: Some("mooncake_cluster"),
-        help: "cluster name (HA namespace)",
-    },
-    FlagSpec {
-        name: "metrics_port",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("9003"),
-        help: "HTTP port for /metrics (Prometheus text) and /health; 0 disables",
-    },
-    FlagSpec {
-        name: "metrics_host",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("0.0.0.0"),
-        help: "address of the metrics HTTP server",
-    },
-    FlagSpec {
-        name: "enable_metric_reporting",
-        kind: FlagKind::Bool,
-        env: None,
-        default: Some("true"),
-        help: "log a metrics summary every 10 s",
-    },
-    FlagSpec {
-        name: "enable_ha",
-        kind: FlagKind::Bool,
-        env: None,
-        default: Some("false"),
-        help: "high availability through etcd (not available in this build)",
-    },
-    FlagSpec {
-        name: "etcd_endpoints",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some(""),
-        help: "etcd endpoints for --enable_ha",
-    },
-    FlagSpec {
-        name: "enable_offload",
-        kind: FlagKind::Bool,
-        env: None,
-        default: Some("false"),
-        help: "let real clients with --enable_offload keep copies of objects on their SSD tier",
-    },
-    FlagSpec {
-        name: "offload_on_evict",
-        kind: FlagKind::Bool,
-        env: None,
-        default: Some("false"),
-        help: "with --enable_offload: write objects to the SSD tier when they are chosen for eviction, not when written",
-    },
-    FlagSpec {
-        name: "enable_http_metadata_server",
-        kind: FlagKind::Bool,
-        env: None,
-        default: Some("false"),
-        help: "accepted for compatibility; metadata travels through the master RPC",
-    },
-    FlagSpec {
-        name: "log_level",
-        kind: FlagKind::Value,
-        env: None,
-        default: Some("info"),
-        help: "error, warn, info, debug or trace (RUST_LOG overrides)",
-    },
+const NO_HA: &str = "high availability is not available in this build; run one mooncake_master and give real clients its host:port";
+const NO_SNAPSHOT: &str = "the master keeps its index in memory only; snapshots are not available";
+const NO_NOF: &str =
+    "NVMe-oF segments are not available; SSD copies live on real clients (--enable_offload)";
+const NO_KV_EVENTS: &str = "the KV-event publisher is not available";
+const NO_CXL: &str = "CXL memory is not available";
+const NO_PROMOTION: &str = "promotion of SSD-only objects back to memory is not available; a read is served from the SSD tier";
+const NO_DYNAMIC_REPLICATION: &str =
+    "dynamic replication is not available; ask for replica_num per write";
+const NO_LEGACY_DISK: &str = "the shared-filesystem DISK tier is not available; use --enable_offload (SSD tier on real clients)";
+const TASK_LIMITS: &str = "copy/move tasks are bounded by fixed limits (see docs/configuration.md)";
+
+/// The master's own flags, with upstream's names and defaults.
+pub static MASTER_FLAGS: &[FlagSpec] = &[
+    FlagSpec::value(
+        "config_path",
+        Some(""),
+        "JSON or YAML file with flag values (flag > environment > file > default)",
+    ),
+    FlagSpec::value("rpc_port", Some("0"), "RPC port; 0 means --port"),
+    FlagSpec::value("port", Some("50051"), "RPC port (older name of --rpc_port)"),
+    FlagSpec::value(
+        "rpc_address",
+        Some("0.0.0.0"),
+        "IP address the RPC server binds",
+    ),
+    FlagSpec::value(
+        "rpc_interface",
+        Some(""),
+        "IP address that overrides --rpc_address",
+    )
+    .compat(Compat::Differs(
+        "takes an IP address; an interface name is refused (give its address)",
+    )),
+    FlagSpec::value(
+        "rpc_thread_num",
+        Some("0"),
+        "worker threads; 0 means min(--max_threads, cores)",
+    )
+    .compat(Compat::Differs(
+        "threads of the async runtime serving every connection",
+    )),
+    FlagSpec::value(
+        "max_threads",
+        Some("16"),
+        "worker-thread cap when --rpc_thread_num is 0",
+    ),
+    FlagSpec::value(
+        "rpc_conn_timeout_seconds",
+        Some("0"),
+        "idle connection timeout",
+    )
+    .compat(Compat::Refused(
+        "connections stay open; a silent real client loses its segments after --client_ttl",
+    )),
+    FlagSpec::boolean(
+        "rpc_enable_tcp_no_delay",
+        true,
+        "TCP_NODELAY on RPC connections",
+    )
+    .compat(Compat::NoEffect(
+        "TCP_NODELAY is always on",
+        Accepts::Only(&["true"]),
+    )),
+    FlagSpec::value(
+        "default_kv_lease_ttl",
+        Some("10000"),
+        "read lease in ms (or 10s, 500ms)",
+    ),
+    FlagSpec::value(
+        "default_kv_soft_pin_ttl",
+        Some("1800000"),
+        "soft-pin TTL in ms when a write asks for none",
+    ),
+    FlagSpec::value(
+        "max_kv_soft_pin_ttl",
+        Some("86400000"),
+        "longest soft-pin TTL in ms",
+    ),
+    FlagSpec::boolean(
+        "allow_evict_soft_pinned_objects",
+        true,
+        "let eviction take soft-pinned objects when nothing else is left",
+    ),
+    FlagSpec::value(
+        "eviction_ratio",
+        Some("0.05"),
+        "fraction of capacity one eviction round frees",
+    ),
+    FlagSpec::value(
+        "eviction_high_watermark_ratio",
+        Some("0.90"),
+        "memory use that starts eviction",
+    ),
+    FlagSpec::value(
+        "client_ttl",
+        Some("10"),
+        "seconds without heartbeat after which a real client's segments are unmounted (file key: client_live_ttl_sec)",
+    ),
+    FlagSpec::value(
+        "put_start_discard_timeout_sec",
+        Some("30"),
+        "an unfinished write may be replaced after this many seconds",
+    ),
+    FlagSpec::value(
+        "put_start_release_timeout_sec",
+        Some("600"),
+        "space of a replaced write is reused after this many seconds",
+    ),
+    FlagSpec::value(
+        "pending_task_timeout_sec",
+        Some("300"),
+        "a copy/move task not started by its real client within this many seconds fails",
+    ),
+    FlagSpec::value(
+        "processing_task_timeout_sec",
+        Some("300"),
+        "a started copy/move task not finished within this many seconds fails",
+    ),
+    FlagSpec::value(
+        "max_total_finished_tasks",
+        Some("10000"),
+        "finished tasks kept",
+    )
+    .compat(Compat::NoEffect(TASK_LIMITS, Accepts::Any)),
+    FlagSpec::value(
+        "max_total_pending_tasks",
+        Some("10000"),
+        "pending tasks kept",
+    )
+    .compat(Compat::NoEffect(TASK_LIMITS, Accepts::Any)),
+    FlagSpec::value(
+        "max_total_processing_tasks",
+        Some("10000"),
+        "processing tasks kept",
+    )
+    .compat(Compat::NoEffect(TASK_LIMITS, Accepts::Any)),
+    FlagSpec::value("max_retry_attempts", Some("10"), "retries of failed tasks").compat(
+        Compat::NoEffect("a failed task is reported, not retried", Accepts::Any),
+    ),
+    FlagSpec::value(
+        "allocation_strategy",
+        Some("random"),
+        "random or free_ratio_first",
+    )
+    .compat(Compat::Differs(
+        "random and free_ratio_first; cxl, ssd_free_ratio_first and local_first are refused",
+    )),
+    FlagSpec::value(
+        "memory_allocator",
+        Some("offset"),
+        "allocator of segment space",
+    )
+    .compat(Compat::NoEffect(
+        "segments use our own offset allocator",
+        Accepts::Only(&["offset", "cachelib"]),
+    )),
+    FlagSpec::value("cluster_id", Some("mooncake_cluster"), "cluster name")
+        .env("MC_STORE_CLUSTER_ID"),
+    FlagSpec::value(
+        "metrics_port",
+        Some("9003"),
+        "HTTP port for /metrics, /metrics/summary, /health, /get_all_segments, /get_all_keys, /query_key; 0 disables",
+    ),
+    FlagSpec::value(
+        "metrics_host",
+        Some("0.0.0.0"),
+        "address of the metrics HTTP server",
+    ),
+    FlagSpec::boolean(
+        "enable_metric_reporting",
+        true,
+        "log a metrics summary every 10 s",
+    ),
+    FlagSpec::boolean(
+        "enable_http_metadata_server",
+        false,
+        "serve upstream's HTTP metadata store (/metadata) on --http_metadata_server_host:port",
+    ),
+    FlagSpec::value(
+        "http_metadata_server_host",
+        Some("0.0.0.0"),
+        "address of the HTTP metadata server",
+    ),
+    FlagSpec::value(
+        "http_metadata_server_port",
+        Some("8080"),
+        "port of the HTTP metadata server",
+    ),
+    FlagSpec::boolean(
+        "enable_metadata_cleanup_on_timeout",
+        false,
+        "drop a dead client's HTTP metadata",
+    )
+    .compat(Compat::Refused(
+        "real clients keep no transfer metadata in the HTTP metadata server; nothing to clean up",
+    )),
+    FlagSpec::boolean(
+        "enable_offload",
+        false,
+        "let real clients with --enable_offload keep copies of objects on their SSD tier",
+    ),
+    FlagSpec::boolean(
+        "offload_on_evict",
+        false,
+        "with --enable_offload: write objects to the SSD tier when they are chosen for eviction, not when written",
+    ),
+    FlagSpec::boolean(
+        "offload_force_evict",
+        false,
+        "evict past the offload cap without writing to disk",
+    )
+    .compat(Compat::Refused(
+        "eviction waits for the SSD tier; there is no offload cap",
+    )),
+    FlagSpec::value(
+        "offloading_queue_limit",
+        Some("50000"),
+        "objects queued for the SSD tier per real client",
+    )
+    .compat(Compat::NoEffect(
+        "the offload queue is bounded by the memory it refers to",
+        Accepts::Any,
+    )),
+    FlagSpec::value("offload_cap_ratio", Some("0.5"), "per-cycle offload cap")
+        .compat(Compat::NoEffect("there is no offload cap", Accepts::Any)),
+    FlagSpec::boolean(
+        "promotion_on_hit",
+        false,
+        "promote SSD-only objects on read",
+    )
+    .compat(Compat::Refused(NO_PROMOTION)),
+    FlagSpec::value(
+        "promotion_admission_threshold",
+        Some("2"),
+        "reads before promotion",
+    )
+    .compat(Compat::NoEffect(NO_PROMOTION, Accepts::Any)),
+    FlagSpec::value(
+        "promotion_queue_limit",
+        Some("50000"),
+        "in-flight promotions",
+    )
+    .compat(Compat::NoEffect(NO_PROMOTION, Accepts::Any)),
+    FlagSpec::value(
+        "promotion_max_per_heartbeat",
+        Some("1"),
+        "promotions per heartbeat",
+    )
+    .compat(Compat::NoEffect(NO_PROMOTION, Accepts::Any)),
+    FlagSpec::value(
+        "dynamic_replication_mode",
+        Some("off"),
+        "off, observe or enforce",
+    )
+    .compat(Compat::Refused(NO_DYNAMIC_REPLICATION)),
+    FlagSpec::value(
+        "dynamic_replication_heat_window_seconds",
+        Some("10"),
+        "heat window",
+    )
+    .compat(Compat::NoEffect(NO_DYNAMIC_REPLICATION, Accepts::Any)),
+    FlagSpec::value(
+        "dynamic_replication_admission_qps_threshold",
+        Some("0.8"),
+        "admission threshold",
+    )
+    .compat(Compat::NoEffect(NO_DYNAMIC_REPLICATION, Accepts::Any)),
+    FlagSpec::value(
+        "dynamic_replication_max_memory_replicas",
+        Some("2"),
+        "replica cap",
+    )
+    .compat(Compat::NoEffect(NO_DYNAMIC_REPLICATION, Accepts::Any)),
+    FlagSpec::boolean("enable_ha", false, "high availability").compat(Compat::Refused(NO_HA)),
+    FlagSpec::value("etcd_endpoints", Some(""), "etcd endpoints for --enable_ha")
+        .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
+    FlagSpec::value("ha_backend_type", Some("etcd"), "etcd, redis or k8s")
+        .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
+    FlagSpec::value("ha_backend_connstring", Some(""), "HA backend address")
+        .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
+    FlagSpec::value("pod_name", Some(""), "k8s leader label")
+        .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
+    FlagSpec::value("pod_namespace", Some(""), "k8s leader label")
+        .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
+    FlagSpec::boolean("enable_oplog", false, "HA metadata replication")
+        .compat(Compat::Refused(NO_HA)),
+    FlagSpec::value(
+        "oplog_poll_interval_ms",
+        Some("1000"),
+        "standby poll interval",
+    )
+    .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
+    FlagSpec::value("oplog_batch_max_entries", Some("1024"), "oplog batch")
+        .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
+    FlagSpec::value("batch_oplog_retry_timeout_sec", Some("180"), "oplog retry")
+        .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
+    FlagSpec::boolean("enable_snapshot", false, "periodic snapshots")
+        .compat(Compat::Refused(NO_SNAPSHOT)),
+    FlagSpec::boolean("enable_snapshot_restore", false, "restore from a snapshot")
+        .compat(Compat::Refused(NO_SNAPSHOT)),
+    FlagSpec::value(
+        "snapshot_interval_seconds",
+        Some("600"),
+        "snapshot interval",
+    )
+    .compat(Compat::NoEffect(NO_SNAPSHOT, Accepts::Any)),
+    FlagSpec::value(
+        "snapshot_child_timeout_seconds",
+        Some("300"),
+        "snapshot timeout",
+    )
+    .compat(Compat::NoEffect(NO_SNAPSHOT, Accepts::Any)),
+    FlagSpec::value("snapshot_retention_count", Some("2"), "snapshots kept")
+        .compat(Compat::NoEffect(NO_SNAPSHOT, Accepts::Any)),
+    FlagSpec::value("snapshot_backup_dir", Some(""), "snapshot backup")
+        .compat(Compat::NoEffect(NO_SNAPSHOT, Accepts::Any)),
+    FlagSpec::value("snapshot_object_store_type", Some(""), "snapshot store")
+        .compat(Compat::NoEffect(NO_SNAPSHOT, Accepts::Any)),
+    FlagSpec::value(
+        "snapshot_payload_store_type",
+        Some(""),
+        "snapshot store (old name)",
+    )
+    .compat(Compat::NoEffect(NO_SNAPSHOT, Accepts::Any)),
+    FlagSpec::value(
+        "snapshot_payload_backend_type",
+        Some(""),
+        "snapshot store (old name)",
+    )
+    .compat(Compat::NoEffect(NO_SNAPSHOT, Accepts::Any)),
+    FlagSpec::value("snapshot_catalog_store_type", Some(""), "snapshot catalog")
+        .compat(Compat::NoEffect(NO_SNAPSHOT, Accepts::Any)),
+    FlagSpec::value(
+        "snapshot_catalog_backend_type",
+        Some(""),
+        "snapshot catalog (old name)",
+    )
+    .compat(Compat::NoEffect(NO_SNAPSHOT, Accepts::Any)),
+    FlagSpec::value(
+        "snapshot_catalog_store_connstring",
+        Some(""),
+        "snapshot catalog address",
+    )
+    .compat(Compat::NoEffect(NO_SNAPSHOT, Accepts::Any)),
+    FlagSpec::value(
+        "snapshot_catalog_backend_connstring",
+        Some(""),
+        "snapshot catalog address (old name)",
+    )
+    .compat(Compat::NoEffect(NO_SNAPSHOT, Accepts::Any)),
+    FlagSpec::value("nof_eviction_ratio", Some("0.05"), "NoF eviction ratio")
+        .compat(Compat::NoEffect(NO_NOF, Accepts::Any)),
+    FlagSpec::value(
+        "nof_eviction_high_watermark_ratio",
+        Some("0.90"),
+        "NoF eviction watermark",
+    )
+    .compat(Compat::NoEffect(NO_NOF, Accepts::Any)),
+    FlagSpec::value(
+        "nof_heartbeat_interval_sec",
+        Some("10"),
+        "NoF probe interval",
+    )
+    .compat(Compat::NoEffect(NO_NOF, Accepts::Any)),
+    FlagSpec::value(
+        "nof_heartbeat_probe_timeout_ms",
+        Some("1000"),
+        "NoF probe timeout",
+    )
+    .compat(Compat::NoEffect(NO_NOF, Accepts::Any)),
+    FlagSpec::value(
+        "nof_heartbeat_failures_threshold",
+        Some("3"),
+        "NoF probe failures",
+    )
+    .compat(Compat::NoEffect(NO_NOF, Accepts::Any)),
+    FlagSpec::boolean("enable_kv_events", false, "publish KV events over ZMQ")
+        .compat(Compat::Refused(NO_KV_EVENTS)),
+    FlagSpec::value("kv_events_bind_endpoint", Some(""), "KV events")
+        .compat(Compat::NoEffect(NO_KV_EVENTS, Accepts::Any)),
+    FlagSpec::value("kv_events_backend_id", Some(""), "KV events")
+        .compat(Compat::NoEffect(NO_KV_EVENTS, Accepts::Any)),
+    FlagSpec::value("kv_events_model_name", Some(""), "KV events")
+        .compat(Compat::NoEffect(NO_KV_EVENTS, Accepts::Any)),
+    FlagSpec::value("kv_events_tenant_id", Some("default"), "KV events")
+        .compat(Compat::NoEffect(NO_KV_EVENTS, Accepts::Any)),
+    FlagSpec::value("kv_events_additional_salt", Some(""), "KV events")
+        .compat(Compat::NoEffect(NO_KV_EVENTS, Accepts::Any)),
+    FlagSpec::value("kv_events_lora_name", Some(""), "KV events")
+        .compat(Compat::NoEffect(NO_KV_EVENTS, Accepts::Any)),
+    FlagSpec::value("kv_events_block_size", Some("0"), "KV events")
+        .compat(Compat::NoEffect(NO_KV_EVENTS, Accepts::Any)),
+    FlagSpec::value("kv_events_dp_rank", Some("0"), "KV events")
+        .compat(Compat::NoEffect(NO_KV_EVENTS, Accepts::Any)),
+    FlagSpec::boolean("kv_events_emit_legacy_compat", true, "KV events")
+        .compat(Compat::NoEffect(NO_KV_EVENTS, Accepts::Any)),
+    FlagSpec::boolean("kv_events_emit_object_key", true, "KV events")
+        .compat(Compat::NoEffect(NO_KV_EVENTS, Accepts::Any)),
+    FlagSpec::value("kv_events_queue_capacity", Some("65536"), "KV events")
+        .compat(Compat::NoEffect(NO_KV_EVENTS, Accepts::Any)),
+    FlagSpec::boolean("enable_cxl", false, "CXL memory").compat(Compat::Refused(NO_CXL)),
+    FlagSpec::value("cxl_path", Some("/dev/dax0.0"), "CXL device")
+        .compat(Compat::NoEffect(NO_CXL, Accepts::Any)),
+    FlagSpec::value("cxl_size", Some("8589934592"), "CXL size")
+        .compat(Compat::NoEffect(NO_CXL, Accepts::Any)),
+    FlagSpec::value("root_fs_dir", Some(""), "shared-filesystem DISK tier")
+        .compat(Compat::Refused(NO_LEGACY_DISK)),
+    FlagSpec::value(
+        "global_file_segment_size",
+        Some("9223372036854775807"),
+        "DISK tier size (metrics)",
+    )
+    .compat(Compat::NoEffect(NO_LEGACY_DISK, Accepts::Any)),
+    FlagSpec::boolean("enable_disk_eviction", true, "DISK tier eviction")
+        .compat(Compat::NoEffect(NO_LEGACY_DISK, Accepts::Any)),
+    FlagSpec::value("quota_bytes", Some("0"), "DISK tier quota")
+        .compat(Compat::NoEffect(NO_LEGACY_DISK, Accepts::Any)),
+    FlagSpec::boolean("enable_multi_tenants", false, "tenant quotas").compat(Compat::Refused(
+        "tenants are always separated (real client --tenant_id); quota admission is not available",
+    )),
+    FlagSpec::value("tenant_quota_connector_type", Some("file"), "tenant quotas").compat(
+        Compat::NoEffect("tenant quotas are not available", Accepts::Any),
+    ),
+    FlagSpec::value("tenant_quota_connector_uri", Some(""), "tenant quotas").compat(
+        Compat::NoEffect("tenant quotas are not available", Accepts::Any),
+    ),
 ];
+
+/// Every flag of `mooncake_master`.
+pub static FLAGS: &[&[FlagSpec]] = &[MASTER_FLAGS, LOG_FLAGS, ARENA_FLAGS, GFLAGS];
+
+/// `mooncake_master` for the flag parser.
+pub static PROGRAM: Program = Program {
+    name: "mooncake_master",
+    about: "the mooncake-rs master: object metadata, placement and leases for a cluster",
+    table: FLAGS,
+};
 
 /// Validated settings of a standalone master.
 #[derive(Clone, Debug)]
@@ -229,8 +471,14 @@ pub struct MasterDaemonConfig {
     pub cluster_id: String,
     /// The master's own settings.
     pub master: MasterConfig,
-    /// Log filter.
+    /// Where upstream's HTTP metadata server (`/metadata`) listens (`None`: off).
+    pub http_metadata_address: Option<SocketAddr>,
+    /// The log filter (`log.filter`), for callers that only install a stderr logger.
     pub log_level: String,
+    /// Logging: the filter plus upstream's glog flags (log file, stderr threshold).
+    pub log: LogSettings,
+    /// Upstream flags accepted without effect, for the startup log.
+    pub compat_notes: Vec<String>,
 }
 
 /// Why the master configuration was rejected.
@@ -242,6 +490,9 @@ pub enum DaemonConfigError {
     /// The configuration file is unreadable.
     #[error(transparent)]
     File(#[from] config_file::ConfigFileError),
+    /// A logging flag was rejected.
+    #[error(transparent)]
+    Log(#[from] LogError),
     /// A value parsed but is not acceptable.
     #[error("invalid configuration: {0}")]
     Invalid(String),
@@ -273,14 +524,8 @@ impl MasterDaemonConfig {
     /// Parses the command line (without the program name), the configuration file it
     /// names, and the environment.
     pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Self, DaemonConfigError> {
-        let mut flags = flags::parse(
-            FLAGS,
-            "mooncake_master",
-            "the mooncake-rs master: object metadata, placement and leases for a cluster",
-            args,
-            |var| std::env::var(var).ok(),
-        )?;
-        if let Some(path) = flags.string("config_path") {
+        let mut flags = flags::parse(&PROGRAM, args, |var| std::env::var(var).ok())?;
+        if let Some(path) = flags.string("config_path").filter(|p| !p.is_empty()) {
             let values = config_file::read(std::path::Path::new(&path))?;
             flags.merge_file(values, &[("client_live_ttl_sec", "client_ttl")])?;
         }
@@ -289,68 +534,97 @@ impl MasterDaemonConfig {
 
     /// Builds and validates the settings.
     pub fn from_flags(flags: &ParsedFlags) -> Result<Self, DaemonConfigError> {
-        if flags.bool("enable_ha")? {
-            return Err(DaemonConfigError::Invalid(
-                "--enable_ha: high availability through etcd is not available in this build".into(),
-            ));
-        }
-        let rpc_port: u16 = number(flags, "rpc_port")?;
-        let port = if rpc_port == 0 {
-            number(flags, "port")?
-        } else {
-            rpc_port
-        };
-        let host = flags
-            .string("rpc_address")
-            .unwrap_or_else(|| "0.0.0.0".into());
-        let metrics_port: u16 = number(flags, "metrics_port")?;
-        let metrics_host = flags
-            .string("metrics_host")
-            .unwrap_or_else(|| "0.0.0.0".into());
-        let strategy_text = flags.string("allocation_strategy").unwrap_or_default();
-        let allocation_strategy = AllocationStrategy::parse(&strategy_text).ok_or_else(|| {
-            DaemonConfigError::Invalid(format!(
-                "--allocation_strategy {strategy_text:?}: use random or free_ratio_first"
-            ))
-        })?;
-        let master = MasterConfig {
-            default_kv_lease_ttl: millis(flags, "default_kv_lease_ttl")?,
-            default_kv_soft_pin_ttl: millis(flags, "default_kv_soft_pin_ttl")?,
-            max_kv_soft_pin_ttl: millis(flags, "max_kv_soft_pin_ttl")?,
-            allow_evict_soft_pinned_objects: flags.bool("allow_evict_soft_pinned_objects")?,
-            eviction_ratio: number(flags, "eviction_ratio")?,
-            eviction_high_watermark_ratio: number(flags, "eviction_high_watermark_ratio")?,
-            client_ttl: seconds(flags, "client_ttl")?,
-            put_start_discard_timeout: seconds(flags, "put_start_discard_timeout_sec")?,
-            put_start_release_timeout: seconds(flags, "put_start_release_timeout_sec")?,
-            pending_task_timeout: seconds(flags, "pending_task_timeout_sec")?,
-            processing_task_timeout: seconds(flags, "processing_task_timeout_sec")?,
-            enable_offload: flags.bool("enable_offload")?,
-            offload_on_evict: flags.bool("offload_on_evict")?,
-            allocation_strategy,
-            ..MasterConfig::default()
-        };
+        let log = LogSettings::from_flags(PROGRAM.name, flags)?;
+        let master = master_config(flags)?;
         master.validate().map_err(DaemonConfigError::Invalid)?;
-        let log_level = flags.string("log_level").unwrap_or_else(|| "info".into());
-        if !flags::is_log_filter(&log_level) {
-            return Err(DaemonConfigError::Invalid(format!(
-                "--log_level {log_level:?}: use error, warn, info, debug or trace"
-            )));
-        }
+        let metrics_port: u16 = number(flags, "metrics_port")?;
+        let metadata_port: u16 = number(flags, "http_metadata_server_port")?;
+        let http_metadata_address = if flags.bool("enable_http_metadata_server")? {
+            let host = flags
+                .string("http_metadata_server_host")
+                .unwrap_or_default();
+            Some(address(&host, metadata_port, "http_metadata_server_host")?)
+        } else {
+            None
+        };
         Ok(MasterDaemonConfig {
-            rpc_address: address(&host, port, "rpc_address")?,
-            threads: number(flags, "rpc_thread_num")?,
+            rpc_address: rpc_address(flags)?,
+            threads: threads(flags)?,
             metrics_address: if metrics_port == 0 {
                 None
             } else {
-                Some(address(&metrics_host, metrics_port, "metrics_host")?)
+                let host = flags.string("metrics_host").unwrap_or_default();
+                Some(address(&host, metrics_port, "metrics_host")?)
             },
             metric_reporting: flags.bool("enable_metric_reporting")?,
             cluster_id: flags.string("cluster_id").unwrap_or_default(),
             master,
-            log_level,
+            http_metadata_address,
+            log_level: log.filter.clone(),
+            log,
+            compat_notes: flags.compat_notes(),
         })
     }
+}
+
+/// The master's own settings from the flags.
+fn master_config(flags: &ParsedFlags) -> Result<MasterConfig, DaemonConfigError> {
+    let strategy_text = flags.string("allocation_strategy").unwrap_or_default();
+    let allocation_strategy = AllocationStrategy::parse(&strategy_text).ok_or_else(|| {
+        DaemonConfigError::Invalid(format!(
+            "--allocation_strategy {strategy_text:?}: use random or free_ratio_first"
+        ))
+    })?;
+    Ok(MasterConfig {
+        default_kv_lease_ttl: millis(flags, "default_kv_lease_ttl")?,
+        default_kv_soft_pin_ttl: millis(flags, "default_kv_soft_pin_ttl")?,
+        max_kv_soft_pin_ttl: millis(flags, "max_kv_soft_pin_ttl")?,
+        allow_evict_soft_pinned_objects: flags.bool("allow_evict_soft_pinned_objects")?,
+        eviction_ratio: number(flags, "eviction_ratio")?,
+        eviction_high_watermark_ratio: number(flags, "eviction_high_watermark_ratio")?,
+        client_ttl: seconds(flags, "client_ttl")?,
+        put_start_discard_timeout: seconds(flags, "put_start_discard_timeout_sec")?,
+        put_start_release_timeout: seconds(flags, "put_start_release_timeout_sec")?,
+        pending_task_timeout: seconds(flags, "pending_task_timeout_sec")?,
+        processing_task_timeout: seconds(flags, "processing_task_timeout_sec")?,
+        enable_offload: flags.bool("enable_offload")?,
+        offload_on_evict: flags.bool("offload_on_evict")?,
+        allocation_strategy,
+        ..MasterConfig::default()
+    })
+}
+
+/// `--rpc_interface` (an IP address) when set, else `--rpc_address`; `--rpc_port`, or
+/// `--port` when it is 0.
+fn rpc_address(flags: &ParsedFlags) -> Result<SocketAddr, DaemonConfigError> {
+    let rpc_port: u16 = number(flags, "rpc_port")?;
+    let port = if rpc_port == 0 {
+        number(flags, "port")?
+    } else {
+        rpc_port
+    };
+    let interface = flags.string("rpc_interface").unwrap_or_default();
+    if !interface.is_empty() {
+        if interface.parse::<std::net::IpAddr>().is_err() {
+            return Err(DaemonConfigError::Invalid(format!(
+                "--rpc_interface {interface:?}: interface names are not resolved in this build; give the interface's IP address (--rpc_interface=10.0.0.11 or --rpc_address=10.0.0.11)"
+            )));
+        }
+        return address(&interface, port, "rpc_interface");
+    }
+    let host = flags.string("rpc_address").unwrap_or_default();
+    address(&host, port, "rpc_address")
+}
+
+/// `--rpc_thread_num`, or `min(--max_threads, cores)` when it is 0 (as upstream).
+fn threads(flags: &ParsedFlags) -> Result<usize, DaemonConfigError> {
+    let threads: usize = number(flags, "rpc_thread_num")?;
+    if threads > 0 {
+        return Ok(threads);
+    }
+    let max: usize = number(flags, "max_threads")?;
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    Ok(max.clamp(1, cores))
 }
 
 /// Why the master could not start.
@@ -361,6 +635,16 @@ pub enum DaemonError {
         "cannot listen on {address}: {source}; is another mooncake_master running? choose another --rpc_port"
     )]
     Bind {
+        /// The address.
+        address: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The HTTP metadata server's port could not be bound.
+    #[error(
+        "cannot listen on {address} for the HTTP metadata server: {source}; choose another --http_metadata_server_port"
+    )]
+    MetadataBind {
         /// The address.
         address: SocketAddr,
         /// The OS error.
@@ -431,22 +715,31 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), DaemonError> {
     let master = Arc::new(MasterService::new(config.master.clone(), Clock::System));
+    let metadata = match config.http_metadata_address {
+        Some(address) => Some(serve_metadata(address).await?),
+        None => None,
+    };
     let running = RunningMaster::start(Arc::clone(&master), config.rpc_address, master_id).await?;
     tracing::info!(
         rpc = %running.rpc_address,
         cluster_id = %config.cluster_id,
+        threads = config.threads,
         lease_ttl_ms = config.master.default_kv_lease_ttl.as_millis(),
         client_ttl_s = config.master.client_ttl.as_secs(),
         eviction_high_watermark_ratio = config.master.eviction_high_watermark_ratio,
         eviction_ratio = config.master.eviction_ratio,
         allocation_strategy = ?config.master.allocation_strategy,
+        enable_offload = config.master.enable_offload,
         metrics = ?config.metrics_address,
+        http_metadata = ?config.http_metadata_address,
+        log_filter = %config.log.filter,
+        log_dir = ?config.log.log_dir,
         "mooncake_master serving"
     );
     let metrics = config.metrics_address.map(|address| {
-        tokio::spawn(crate::http::serve_master_metrics(
+        tokio::spawn(crate::http::serve(
             address,
-            Arc::clone(&master),
+            super::admin_http::router(Arc::clone(&master)),
         ))
     });
     let reporting = config
@@ -454,11 +747,23 @@ pub async fn run(
         .then(|| tokio::spawn(report_periodically(Arc::clone(&master))));
     shutdown.await;
     tracing::info!("shutdown requested");
-    for task in metrics.into_iter().chain(reporting) {
+    for task in metrics.into_iter().chain(reporting).chain(metadata) {
         task.abort();
     }
     running.stop().await;
     Ok(())
+}
+
+/// Binds and serves upstream's HTTP metadata store.
+async fn serve_metadata(address: SocketAddr) -> Result<tokio::task::JoinHandle<()>, DaemonError> {
+    let listener = TcpListener::bind(address)
+        .await
+        .map_err(|source| DaemonError::MetadataBind { address, source })?;
+    let store = Arc::new(crate::http_metadata::MetadataStore::default());
+    Ok(tokio::spawn(crate::http::serve_listener(
+        listener,
+        store.router(),
+    )))
 }
 
 async fn report_periodically(master: Arc<MasterService>) {
@@ -480,5 +785,222 @@ async fn report_periodically(master: Arc<MasterService>) {
             evicted = stats.evicted_objects,
             "master metrics"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flags `mooncake_master --helpfull` lists in upstream's wheel 0.3.13.
+    const UPSTREAM: &[&str] = &[
+        "allocation_strategy",
+        "allow_evict_soft_pinned_objects",
+        "batch_oplog_retry_timeout_sec",
+        "client_ttl",
+        "cluster_id",
+        "config_path",
+        "cxl_path",
+        "cxl_size",
+        "default_kv_lease_ttl",
+        "default_kv_soft_pin_ttl",
+        "dynamic_replication_admission_qps_threshold",
+        "dynamic_replication_heat_window_seconds",
+        "dynamic_replication_max_memory_replicas",
+        "dynamic_replication_mode",
+        "enable_cxl",
+        "enable_disk_eviction",
+        "enable_ha",
+        "enable_http_metadata_server",
+        "enable_kv_events",
+        "enable_metadata_cleanup_on_timeout",
+        "enable_metric_reporting",
+        "enable_multi_tenants",
+        "enable_offload",
+        "enable_oplog",
+        "enable_snapshot",
+        "enable_snapshot_restore",
+        "etcd_endpoints",
+        "eviction_high_watermark_ratio",
+        "eviction_ratio",
+        "global_file_segment_size",
+        "ha_backend_connstring",
+        "ha_backend_type",
+        "http_metadata_server_host",
+        "http_metadata_server_port",
+        "kv_events_additional_salt",
+        "kv_events_backend_id",
+        "kv_events_bind_endpoint",
+        "kv_events_block_size",
+        "kv_events_dp_rank",
+        "kv_events_emit_legacy_compat",
+        "kv_events_emit_object_key",
+        "kv_events_lora_name",
+        "kv_events_model_name",
+        "kv_events_queue_capacity",
+        "kv_events_tenant_id",
+        "max_kv_soft_pin_ttl",
+        "max_retry_attempts",
+        "max_threads",
+        "max_total_finished_tasks",
+        "max_total_pending_tasks",
+        "max_total_processing_tasks",
+        "memory_allocator",
+        "metrics_host",
+        "metrics_port",
+        "nof_eviction_high_watermark_ratio",
+        "nof_eviction_ratio",
+        "nof_heartbeat_failures_threshold",
+        "nof_heartbeat_interval_sec",
+        "nof_heartbeat_probe_timeout_ms",
+        "offload_cap_ratio",
+        "offload_force_evict",
+        "offload_on_evict",
+        "offloading_queue_limit",
+        "oplog_batch_max_entries",
+        "oplog_poll_interval_ms",
+        "pending_task_timeout_sec",
+        "pod_name",
+        "pod_namespace",
+        "port",
+        "processing_task_timeout_sec",
+        "promotion_admission_threshold",
+        "promotion_max_per_heartbeat",
+        "promotion_on_hit",
+        "promotion_queue_limit",
+        "put_start_discard_timeout_sec",
+        "put_start_release_timeout_sec",
+        "quota_bytes",
+        "root_fs_dir",
+        "rpc_address",
+        "rpc_conn_timeout_seconds",
+        "rpc_enable_tcp_no_delay",
+        "rpc_interface",
+        "rpc_port",
+        "rpc_thread_num",
+        "snapshot_backup_dir",
+        "snapshot_catalog_backend_connstring",
+        "snapshot_catalog_backend_type",
+        "snapshot_catalog_store_connstring",
+        "snapshot_catalog_store_type",
+        "snapshot_child_timeout_seconds",
+        "snapshot_interval_seconds",
+        "snapshot_object_store_type",
+        "snapshot_payload_backend_type",
+        "snapshot_payload_store_type",
+        "snapshot_retention_count",
+        "tenant_quota_connector_type",
+        "tenant_quota_connector_uri",
+        "mmap_arena_pool_size",
+        "use_mmap_arena_allocator",
+        "flagfile",
+        "fromenv",
+        "tryfromenv",
+        "undefok",
+        "tab_completion_columns",
+        "tab_completion_word",
+        "help",
+        "helpfull",
+        "helpmatch",
+        "helpon",
+        "helppackage",
+        "helpshort",
+        "helpxml",
+        "version",
+        "alsologtoemail",
+        "alsologtostderr",
+        "colorlogtostderr",
+        "drop_log_memory",
+        "log_backtrace_at",
+        "log_dir",
+        "log_link",
+        "log_prefix",
+        "logbuflevel",
+        "logbufsecs",
+        "logemaillevel",
+        "logfile_mode",
+        "logmailer",
+        "logtostderr",
+        "max_log_size",
+        "minloglevel",
+        "stderrthreshold",
+        "stop_logging_if_full_disk",
+        "symbolize_stacktrace",
+        "v",
+        "vmodule",
+    ];
+
+    fn config(args: &[&str]) -> Result<MasterDaemonConfig, DaemonConfigError> {
+        MasterDaemonConfig::from_flags(&flags::parse(
+            &PROGRAM,
+            args.iter().map(|s| s.to_string()),
+            |_| None,
+        )?)
+    }
+
+    #[test]
+    fn table_covers_upstream() {
+        assert_eq!(flags::upstream_gaps(FLAGS, UPSTREAM), Vec::<String>::new());
+    }
+
+    #[test]
+    fn upstream_start_command() {
+        let config = config(&[
+            "--rpc_interface=0.0.0.0",
+            "--rpc_port=50051",
+            "--enable_http_metadata_server=true",
+            "--http_metadata_server_host=127.0.0.1",
+            "--http_metadata_server_port=8080",
+            "-v=1",
+            "--logtostderr",
+        ])
+        .expect("upstream's start command");
+        assert_eq!(config.rpc_address, "0.0.0.0:50051".parse().expect("addr"));
+        assert_eq!(
+            config.http_metadata_address,
+            Some("127.0.0.1:8080".parse().expect("addr"))
+        );
+        assert_eq!(config.log.filter, "debug");
+        assert!(config.compat_notes.is_empty());
+    }
+
+    #[test]
+    fn documented_defaults() {
+        let config = config(&[]).expect("defaults");
+        assert_eq!(config.rpc_address, "0.0.0.0:50051".parse().expect("addr"));
+        assert_eq!(
+            config.metrics_address,
+            Some("0.0.0.0:9003".parse().expect("addr"))
+        );
+        assert_eq!(config.http_metadata_address, None);
+        assert_eq!(config.master, MasterConfig::default());
+        assert!(config.threads >= 1);
+    }
+
+    #[test]
+    fn refusals_name_the_flag() {
+        for (args, flag) in [
+            (&["--rpc_interface=eth0"][..], "rpc_interface"),
+            (&["--enable_ha"], "enable_ha"),
+            (&["--memory_allocator=jemalloc"], "memory_allocator"),
+            (
+                &["--allocation_strategy=local_first"],
+                "allocation_strategy",
+            ),
+            (
+                &["--rpc_enable_tcp_no_delay=false"],
+                "rpc_enable_tcp_no_delay",
+            ),
+            (
+                &["--dynamic_replication_mode=enforce"],
+                "dynamic_replication_mode",
+            ),
+        ] {
+            let error = config(args).expect_err("refused").to_string();
+            assert!(error.contains(flag), "{args:?}: {error}");
+        }
+        let config = config(&["--memory_allocator=cachelib", "--max_total_pending_tasks=5"])
+            .expect("compatible values");
+        assert_eq!(config.compat_notes.len(), 2);
     }
 }

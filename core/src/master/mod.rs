@@ -11,6 +11,7 @@
 //! with `OBJECT_HAS_LEASE`; space of an object removed by force while leased is held
 //! until the lease ends, so an in-flight reader never sees reused memory.
 
+mod admin_http;
 mod clients;
 mod clock;
 pub mod command;
