@@ -1,7 +1,6 @@
 //! The `mooncake_client` command: what the binary and the Python package's
 //! `mooncake_client` console script both run.
 
-use mooncake_core::flags::FlagError;
 use mooncake_core::process::{Command, NotRun, command_main};
 
 use crate::{ConfigError, RealClientConfig, StartError, run};
@@ -20,15 +19,32 @@ impl Command for ClientCommand {
     type Error = StartError;
 
     fn parse(args: Vec<String>) -> Result<Self, NotRun> {
-        match RealClientConfig::from_args(args) {
+        match RealClientConfig::from_command_line(args) {
             Ok(config) => Ok(Self(config)),
-            Err(ConfigError::Flag(FlagError::Help(text))) => Err(NotRun::Help(text)),
-            Err(error) => Err(NotRun::Invalid(error.to_string())),
+            Err(error) => {
+                // `--help` (and the other flags that print and exit) is not an error.
+                let text = match &error {
+                    ConfigError::Flag(flag) => flag.stdout_text(),
+                    _ => None,
+                };
+                Err(match text {
+                    Some(text) => NotRun::Help(text.to_string()),
+                    None => NotRun::Invalid(error.to_string()),
+                })
+            }
         }
     }
 
     fn log_level(&self) -> &str {
         &self.0.log_level
+    }
+
+    fn init_logging(&self) -> Result<(), String> {
+        self.0.log.init().map_err(|error| error.to_string())?;
+        for note in &self.0.compat_notes {
+            tracing::info!("accepted for compatibility: {note}");
+        }
+        Ok(())
     }
 
     fn worker_threads(&self) -> usize {

@@ -1,7 +1,6 @@
 //! The `mooncake_master` command: what the binary and the Python package's
 //! `mooncake_master` console script both run.
 
-use crate::flags::FlagError;
 use crate::process::{Command, NotRun, command_main};
 
 use super::daemon::{DaemonConfigError, DaemonError, MasterDaemonConfig, run};
@@ -22,13 +21,30 @@ impl Command for MasterCommand {
     fn parse(args: Vec<String>) -> Result<Self, NotRun> {
         match MasterDaemonConfig::from_args(args) {
             Ok(config) => Ok(Self(config)),
-            Err(DaemonConfigError::Flag(FlagError::Help(text))) => Err(NotRun::Help(text)),
-            Err(error) => Err(NotRun::Invalid(error.to_string())),
+            Err(error) => {
+                // `--help` (and the other flags that print and exit) is not an error.
+                let text = match &error {
+                    DaemonConfigError::Flag(flag) => flag.stdout_text(),
+                    _ => None,
+                };
+                Err(match text {
+                    Some(text) => NotRun::Help(text.to_string()),
+                    None => NotRun::Invalid(error.to_string()),
+                })
+            }
         }
     }
 
     fn log_level(&self) -> &str {
         &self.0.log_level
+    }
+
+    fn init_logging(&self) -> Result<(), String> {
+        self.0.log.init().map_err(|error| error.to_string())?;
+        for note in &self.0.compat_notes {
+            tracing::info!("accepted for compatibility: {note}");
+        }
+        Ok(())
     }
 
     fn worker_threads(&self) -> usize {
