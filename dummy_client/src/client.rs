@@ -142,7 +142,11 @@ impl DummyClient {
         local_buffer_size: u64,
         embedded: Option<Box<dyn std::any::Any + Send>>,
     ) -> Result<Self, SetupError> {
-        let memory = DummyMemory::create(mem_pool_size, local_buffer_size)?;
+        let mut memory = DummyMemory::create(mem_pool_size, local_buffer_size)?;
+        // Host allocations made before setup (an engine's KV pool) are zero-copy too.
+        for allocation in crate::host_memory::all() {
+            memory.add_host(allocation);
+        }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

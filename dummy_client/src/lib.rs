@@ -19,6 +19,7 @@ mod client;
 pub mod connection;
 #[cfg(feature = "embedded")]
 pub mod embedded;
+pub mod host_memory;
 mod memory;
 mod pool;
 mod query;

@@ -41,6 +41,8 @@ pub struct DummyMemory {
     registered: BTreeMap<u64, (u64, bool)>,
     /// Pool blocks owned by live buffer handles (not freeable by the application).
     pub handle_blocks: std::collections::HashSet<u64>,
+    /// Host allocations (`MooncakeHostMemAllocator`) registered with the real client.
+    host: Vec<Arc<SharedMemory>>,
 }
 
 /// A block of the staging buffer: its dummy address and its memory.
@@ -90,6 +92,7 @@ impl DummyMemory {
             page,
             registered: BTreeMap::new(),
             handle_blocks: std::collections::HashSet::new(),
+            host: Vec::new(),
         })
     }
 
@@ -113,7 +116,32 @@ impl DummyMemory {
             memory: Arc::clone(memory),
             kind: SegmentKind::Staging,
         });
-        pool.chain(staging).collect()
+        let host = self.host.iter().map(|memory| Offer {
+            memory: Arc::clone(memory),
+            kind: SegmentKind::Pool,
+        });
+        pool.chain(staging).chain(host).collect()
+    }
+
+    /// True when `memory` (a host allocation) is registered with the real client.
+    pub fn has_host(&self, memory: &Arc<SharedMemory>) -> bool {
+        self.host.iter().any(|m| Arc::ptr_eq(m, memory))
+    }
+
+    /// Records a host allocation as registered with the real client.
+    pub fn add_host(&mut self, memory: Arc<SharedMemory>) {
+        if !self.has_host(&memory) {
+            self.host.push(memory);
+        }
+    }
+
+    fn in_host_memory(&self, addr: u64, len: u64) -> bool {
+        let Some(end) = addr.checked_add(len) else {
+            return false;
+        };
+        self.host
+            .iter()
+            .any(|m| addr >= m.base() && end <= m.base().saturating_add(m.len() as u64))
     }
 
     /// Takes a staging block of `len` bytes.
@@ -142,6 +170,7 @@ impl DummyMemory {
                 .staging
                 .as_ref()
                 .is_some_and(|(_, a)| a.contains(addr, len))
+            || self.in_host_memory(addr, len)
     }
 
     /// True when `addr..addr+len` is memory this client may read: its shared memory or

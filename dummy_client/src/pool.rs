@@ -82,6 +82,7 @@ impl DummyClient {
         if ptr == 0 || size == 0 || ptr.checked_add(size).is_none() {
             return Err(ErrorCode::INVALID_PARAMS);
         }
+        self.attach_host_memory(ptr, size)?;
         let shared = self.inner.memory.lock().register(ptr, size);
         if !shared && !COPY_THROUGH_NOTICE.swap(true, Ordering::Relaxed) {
             tracing::warn!(
@@ -90,6 +91,33 @@ impl DummyClient {
                 "registered memory outside the shared pool: it works, but every transfer is copied through the staging buffer (not zero-copy); allocate with alloc_from_mem_pool for zero-copy"
             );
         }
+        Ok(())
+    }
+
+    /// When `ptr..ptr+size` lies in a host allocation (`MooncakeHostMemAllocator`) not
+    /// yet known to the real client, hands that allocation's segment over, so the
+    /// range becomes zero-copy. `NO_AVAILABLE_HANDLE` when the real client refuses it.
+    fn attach_host_memory(&self, ptr: u64, size: u64) -> CodeResult<()> {
+        let Some(segment) = crate::host_memory::containing(ptr, size) else {
+            return Ok(());
+        };
+        // Lock order as in `rpc`: link, then memory.
+        let link = self.inner.link.lock();
+        let mut memory = self.inner.memory.lock();
+        if memory.has_host(&segment) {
+            return Ok(());
+        }
+        let offer = Offer {
+            memory: Arc::clone(&segment),
+            kind: SegmentKind::Pool,
+        };
+        if matches!(*link, Link::Up(_))
+            && let Err(error) = self.inner.target.attach(&self.inner.identity, &offer)
+        {
+            tracing::warn!(%error, size, "the real client refused a host allocation");
+            return Err(ErrorCode::NO_AVAILABLE_HANDLE);
+        }
+        memory.add_host(segment);
         Ok(())
     }
 

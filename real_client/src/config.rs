@@ -190,13 +190,8 @@ impl RealClientConfig {
             None => SocketAddress::for_port(port),
         };
         let socket = Some(socket);
+        // 0 is a pure client: it contributes no memory and stores on other nodes.
         let global_segment_size = flags.size("global_segment_size")?.unwrap_or(0);
-        if global_segment_size == 0 {
-            return Err(invalid(
-                "global_segment_size",
-                "must be larger than zero (e.g. 4GB)",
-            ));
-        }
         let master_address =
             parse_master_address(&flags.string("master_server_address").unwrap_or_default())?;
         if global_segment_size == 0 && master_address.is_none() {
@@ -450,7 +445,6 @@ mod tests {
     fn rejects_bad_values() {
         for args in [
             &["--global_segment_size=lots"][..],
-            &["--global_segment_size=0"],
             &["--global_segment_size=0"],
             &["--port=0"],
             &["--allowed_uids=root"],

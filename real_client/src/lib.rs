@@ -182,9 +182,16 @@ impl RealClient {
             ),
         };
         let master = MasterLink::new(master, tenant);
+        let contributes = config.global_segment_size > 0;
+        if !contributes {
+            tracing::info!(
+                "--global_segment_size=0: a pure client; it contributes no memory and places every object on other nodes"
+            );
+        }
         let memory = SharedMemory::create_populated(
             "mooncake_segment",
-            config.global_segment_size,
+            // A pure client keeps one unused page, so the transfer engine has a segment.
+            config.global_segment_size.max(1),
             PageSize::from_env(),
             false,
         )
@@ -197,6 +204,7 @@ impl RealClient {
         let served = Arc::new(ServedSegment {
             memory,
             id: AtomicU64::new(0),
+            contributes,
         });
         let disk = match config.offload.clone() {
             Some(mut settings) => Some(Arc::new({
@@ -214,16 +222,18 @@ impl RealClient {
                 .map_err(StartError::Transfer)?;
         let endpoint = format!("{}:{}", config.advertised_host(), transfer.address().port());
         let segment_name = config.segment_name();
-        let id = master
-            .mount_segment(
-                client_id,
-                &segment_name,
-                served.memory.len() as u64,
-                &endpoint,
-            )
-            .await
-            .map_err(StartError::Mount)?;
-        served.id.store(id, Ordering::Release);
+        if contributes {
+            let id = master
+                .mount_segment(
+                    client_id,
+                    &segment_name,
+                    served.memory.len() as u64,
+                    &endpoint,
+                )
+                .await
+                .map_err(StartError::Mount)?;
+            served.id.store(id, Ordering::Release);
+        }
         if let Some(disk) = &disk {
             disk::register(disk, &master, client_id)
                 .await

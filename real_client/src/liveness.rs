@@ -36,6 +36,7 @@ pub async fn heartbeat(
                     unreachable = false;
                 }
             }
+            Ok(ClientStatus::NeedRemount) if !state.store.segment().contributes => {}
             Ok(ClientStatus::NeedRemount) => {
                 let segment = state.store.segment();
                 let mounted = master

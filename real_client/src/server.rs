@@ -54,6 +54,7 @@ impl ServerState {
             mapped_bytes: dummies.iter().map(|d| d.mapped_bytes).sum(),
             dummies,
             master: self.store.master().stats().await.unwrap_or_default(),
+            remote_disk_reads: self.store.remote_disk_reads(),
         }
     }
 

@@ -65,6 +65,8 @@ pub struct Store {
     disk: Option<Arc<DiskTier>>,
     /// This node's segment name (disk replicas name their owner by it).
     segment_name: String,
+    /// Reads served from another node's SSD tier (upstream's offload RPC reads).
+    remote_disk_reads: std::sync::atomic::AtomicU64,
 }
 
 fn transfer_blocking<T>(work: impl FnOnce() -> T) -> T {
@@ -87,7 +89,14 @@ impl Store {
             transfers: TransferClient::default(),
             disk,
             segment_name,
+            remote_disk_reads: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Number of reads served from another node's SSD tier since start.
+    pub fn remote_disk_reads(&self) -> u64 {
+        self.remote_disk_reads
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// This node's SSD tier, when enabled.
@@ -399,9 +408,13 @@ impl Store {
                     None => from_value(&disk.read_staged(stored_key)?),
                 })
             }
-            Place::RemoteDisk { endpoint } => transfer_blocking(|| match whole {
-                Some(dest) => self.transfers.read_disk_into(endpoint, stored_key, dest),
-                None => from_value(&self.transfers.read_disk(endpoint, stored_key)?),
+            Place::RemoteDisk { endpoint } => transfer_blocking(|| {
+                self.remote_disk_reads
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                match whole {
+                    Some(dest) => self.transfers.read_disk_into(endpoint, stored_key, dest),
+                    None => from_value(&self.transfers.read_disk(endpoint, stored_key)?),
+                }
             }),
             Place::Local(source) => {
                 for (offset, dest) in pieces {

@@ -353,8 +353,11 @@ def test_lone_surrogates_raise(store, keys, bad_key, pool):
 
 def test_replicate_config_bad_values():
     config = ReplicateConfig()
-    with pytest.raises(OverflowError):
+    # Upstream (pybind11) raises TypeError for a negative or mistyped number.
+    with pytest.raises(TypeError):
         config.replica_num = -1
+    with pytest.raises(TypeError):
+        config.replica_num = None
     with pytest.raises(TypeError):
         config.replica_num = "two"
     with pytest.raises(TypeError):

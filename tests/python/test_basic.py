@@ -9,7 +9,17 @@ import uuid
 import numpy as np
 import pytest
 
-from mooncake.store import ERROR_CODES, MooncakeDistributedStore, ReplicateConfig, SoftPinAction
+from mooncake.store import (
+    ERROR_CODES,
+    MooncakeDistributedStore,
+    QueryTaskResponse,
+    ReplicaDescriptor,
+    ReplicaStatus,
+    ReplicateConfig,
+    SoftPinAction,
+    TaskStatus,
+    TaskType,
+)
 
 OK = 0
 INVALID_KEY = -400
@@ -340,19 +350,22 @@ def test_get_replica_desc(store, keys):
     replicas = store.get_replica_desc(key)
     assert len(replicas) == 1
     replica = replicas[0]
-    assert replica["type"] == "memory"
-    assert replica["segment_name"] == store.get_hostname()
-    assert replica["size"] == 1000
-    assert replica["status"] == "complete"
-    assert isinstance(replica["offset"], int)
-    # The owner's transfer endpoint ("host:port"; empty only inside a master's process).
-    assert isinstance(replica["endpoint"], str)
-    host, _, port = replica["endpoint"].rpartition(":")
-    assert host and port.isdigit(), replica
-    assert set(replica) == {"type", "segment_name", "segment_id", "offset", "endpoint", "size", "status"}
+    assert isinstance(replica, ReplicaDescriptor)
+    assert replica.is_memory_replica() and not replica.is_local_disk_replica() and not replica.is_disk_replica()
+    assert replica.status == ReplicaStatus.COMPLETE
+    memory = replica.get_memory_descriptor()
+    assert memory.segment_name == store.get_hostname()
+    assert memory.buffer_descriptor.size == 1000
+    assert isinstance(memory.buffer_descriptor.buffer_address, int)
+    # The owner's transfer endpoint ("host:port").
+    host, _, port = memory.buffer_descriptor.transport_endpoint.rpartition(":")
+    assert host and port.isdigit(), memory
+    with pytest.raises(RuntimeError):
+        replica.get_disk_descriptor()
     assert store.get_replica_desc(keys("missing")) == []
     batch = store.batch_get_replica_desc([key, keys("missing")])
-    assert batch == {key: replicas}
+    assert list(batch) == [key]
+    assert [r.get_memory_descriptor().buffer_descriptor.size for r in batch[key]] == [1000]
     assert store.batch_get_replica_desc([]) == {}
     # Inspecting replicas grants no lease.
     assert store.remove(key) == OK
@@ -407,17 +420,16 @@ def test_copy_task_to_own_segment(store, keys):
     assert store.put(key, b"copy me") == OK
     task, code = store.create_copy_task(key, [store.get_hostname()])
     assert code == OK
-    assert isinstance(task, uuid.UUID)
+    # Upstream's task id: a pair of 64-bit ints.
+    assert isinstance(task, tuple) and len(task) == 2 and task != (0, 0)
     info, code = store.query_task(task)
     assert code == OK
-    assert info["status"] == "success"
-    assert info["error_code"] == 0
-    assert info["key"] == key
-    assert info["type"] == "copy"
-    assert info["targets"] == [store.get_hostname()]
-    assert isinstance(info["id"], uuid.UUID)
-    assert info["id"] == task
-    assert store.query_task(task.int) == (info, OK)
+    assert isinstance(info, QueryTaskResponse)
+    assert info.status == TaskStatus.SUCCESS and info.message == ""
+    assert info.type == TaskType.REPLICA_COPY
+    assert info.id == task
+    again, code = store.query_task(uuid.UUID(int=(task[0] << 64) | task[1]))
+    assert code == OK and again.id == task
     assert store.get(key) == b"copy me"
 
 
@@ -428,8 +440,8 @@ def test_move_task_within_own_segment(store, keys):
     task, code = store.create_move_task(key, me, me)
     assert code == OK and task is not None
     info, code = store.query_task(task)
-    assert code == OK and info["type"] == "move" and info["status"] == "success"
-    assert info["id"] == task and isinstance(info["id"], uuid.UUID)
+    assert code == OK and info.type == TaskType.REPLICA_MOVE and info.status == TaskStatus.SUCCESS
+    assert info.id == task
     assert store.create_move_task(key, "elsewhere:1", me) == (None, ERROR_CODES["REPLICA_NOT_FOUND"])
 
 
@@ -482,7 +494,8 @@ def test_replicate_config_defaults_and_properties():
     text = str(config)
     assert isinstance(text, str) and "3" in text
     assert repr(config) == text
-    for fragment in ("ReplicateConfig", "replica_num=3", "ENABLE", "node1:12345", "1000"):
+    # Upstream's text form.
+    for fragment in ("ReplicateConfig: {", "replica_num: 3", "soft_pin_action: ENABLE", "preferred_segment: node1:12345", "soft_pin_ttl_ms: 1000"):
         assert fragment in text, text
 
     config.with_soft_pin = False

@@ -3,7 +3,7 @@
 //! Kept small on purpose: a cluster holds millions of objects, and each costs one
 //! table slot (the key's `Box<str>` plus an [`ObjectEntry`], 80 bytes) and the key's
 //! bytes. The single replica of an ordinary object is stored inline, and times are
-//! 8-byte millisecond [`Stamp`]s instead of 16-byte `Instant`s.
+//! 8-byte microsecond [`Stamp`]s instead of 16-byte `Instant`s.
 
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -156,13 +156,15 @@ static ORIGIN: LazyLock<Instant> = LazyLock::new(|| {
     now.checked_sub(Duration::from_secs(3600)).unwrap_or(now)
 });
 
-/// An instant with millisecond resolution in 8 bytes. Lease and pin deadlines are
-/// rounded up, so they never end early; plain uses and `now` are rounded down.
+/// An instant with microsecond resolution in 8 bytes. Lease and pin deadlines are
+/// rounded up, so they never end early; plain uses and `now` are rounded down (a
+/// lease outlives its deadline by at most 2 µs: a remove issued one TTL after a read
+/// is not refused, as upstream's nanosecond clock would not refuse it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Stamp(u64);
 
 impl Stamp {
-    /// `instant` rounded down to the millisecond.
+    /// `instant` rounded down to the microsecond.
     pub fn floor(instant: Instant) -> Self {
         Stamp(Self::millis(
             instant.saturating_duration_since(*ORIGIN),
@@ -170,7 +172,7 @@ impl Stamp {
         ))
     }
 
-    /// `instant` rounded up to the millisecond.
+    /// `instant` rounded up to the microsecond.
     pub fn ceil(instant: Instant) -> Self {
         Stamp(Self::millis(
             instant.saturating_duration_since(*ORIGIN),
@@ -179,8 +181,8 @@ impl Stamp {
     }
 
     fn millis(since: Duration, round_up: bool) -> u64 {
-        let whole = u64::try_from(since.as_millis()).unwrap_or(u64::MAX >> 2);
-        let partial = round_up && !since.subsec_nanos().is_multiple_of(1_000_000);
+        let whole = u64::try_from(since.as_micros()).unwrap_or(u64::MAX >> 2);
+        let partial = round_up && !since.subsec_nanos().is_multiple_of(1_000);
         whole
             .saturating_add(u64::from(partial))
             .min(PINS_STAMP_MASK)
@@ -188,7 +190,7 @@ impl Stamp {
 
     /// The instant this stamp stands for.
     pub fn instant(self) -> Instant {
-        *ORIGIN + Duration::from_millis(self.0)
+        *ORIGIN + Duration::from_micros(self.0)
     }
 }
 

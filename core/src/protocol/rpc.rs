@@ -126,6 +126,9 @@ pub struct StatusReport {
     pub mapped_bytes: u64,
     /// The master's view: objects and segment usage.
     pub master: MasterStats,
+    /// Reads served from another node's SSD tier since start (upstream's
+    /// `get_offload_rpc_read_count`).
+    pub remote_disk_reads: u64,
 }
 
 /// Calls a dummy makes to its real client.

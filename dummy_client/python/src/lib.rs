@@ -9,6 +9,7 @@
 mod commands;
 mod config;
 mod convert;
+mod host_memory;
 mod store;
 
 use pyo3::prelude::*;
@@ -21,6 +22,9 @@ fn _store(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<config::PySoftPinAction>()?;
     m.add_class::<store::PyStore>()?;
     m.add_class::<store::PyBufferHandle>()?;
+    m.add_class::<host_memory::PyHostMemAllocator>()?;
+    m.add_function(wrap_pyfunction!(host_memory::get_alloc_func_addr, m)?)?;
+    m.add_function(wrap_pyfunction!(host_memory::get_free_func_addr, m)?)?;
     m.add(
         "PROTOCOL_VERSION",
         mooncake_core::protocol::PROTOCOL_VERSION,

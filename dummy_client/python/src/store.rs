@@ -205,65 +205,77 @@ impl PyStore {
     ) -> PyResult<i64> {
         init_logging();
         let _ = engine;
-        let settings = if let Ok(dict) = local_hostname.cast::<PyDict>() {
-            let get = |key: &str| dict.get_item(key).ok().flatten();
-            let http = match get("enable_client_http_server") {
-                Some(v) => mooncake_core::flags::parse_bool(&v.str()?.extract::<String>()?)
-                    .unwrap_or(false),
-                None => false,
-            };
-            let port = match get("client_http_port") {
-                Some(v) => v
-                    .str()?
-                    .extract::<String>()?
-                    .trim()
-                    .parse::<u16>()
-                    .map_err(|_| {
-                        PyValueError::new_err("client_http_port: expected a port number")
-                    })?,
-                None => 9300,
-            };
-            EmbeddedSettings {
-                http_port: http.then_some(port),
-                host: string_arg(get("local_hostname").as_ref())?,
-                segment: size_arg(get("global_segment_size").as_ref(), 16 << 20)?,
-                staging: size_arg(get("local_buffer_size").as_ref(), DEFAULT_LOCAL_BUFFER)?,
-                protocol: string_arg(get("protocol").as_ref())?,
-                devices: string_arg(get("rdma_devices").as_ref())?,
-                master: string_arg(
-                    get("master_server_addr")
-                        .or_else(|| get("master_server_address"))
-                        .as_ref(),
-                )?,
-                tenant: string_arg(get("tenant_id").as_ref())?,
-                offload_path: string_arg(get("ssd_offload_path").as_ref())?,
-                offload: match get("enable_ssd_offload") {
-                    Some(v) if v.is_instance_of::<pyo3::types::PyString>() => {
-                        let text: String = v.extract()?;
-                        mooncake_core::flags::parse_bool(&text).ok_or_else(|| {
-                            PyValueError::new_err(format!(
-                                "enable_ssd_offload: {text:?} is not a boolean"
-                            ))
-                        })?
-                    }
-                    Some(v) => v.is_truthy()?,
+        let settings = (|| -> PyResult<EmbeddedSettings> {
+            Ok(if let Ok(dict) = local_hostname.cast::<PyDict>() {
+                let get = |key: &str| dict.get_item(key).ok().flatten();
+                let http = match get("enable_client_http_server") {
+                    Some(v) => mooncake_core::flags::parse_bool(&v.str()?.extract::<String>()?)
+                        .unwrap_or(false),
                     None => false,
-                },
+                };
+                let port = match get("client_http_port") {
+                    Some(v) => v
+                        .str()?
+                        .extract::<String>()?
+                        .trim()
+                        .parse::<u16>()
+                        .map_err(|_| {
+                            PyValueError::new_err("client_http_port: expected a port number")
+                        })?,
+                    None => 9300,
+                };
+                EmbeddedSettings {
+                    http_port: http.then_some(port),
+                    host: string_arg(get("local_hostname").as_ref())?,
+                    segment: size_arg(get("global_segment_size").as_ref(), 16 << 20)?,
+                    staging: size_arg(get("local_buffer_size").as_ref(), DEFAULT_LOCAL_BUFFER)?,
+                    protocol: string_arg(get("protocol").as_ref())?,
+                    devices: string_arg(get("rdma_devices").as_ref())?,
+                    master: string_arg(
+                        get("master_server_addr")
+                            .or_else(|| get("master_server_address"))
+                            .as_ref(),
+                    )?,
+                    tenant: string_arg(get("tenant_id").as_ref())?,
+                    offload_path: string_arg(get("ssd_offload_path").as_ref())?,
+                    offload: match get("enable_ssd_offload") {
+                        Some(v) if v.is_instance_of::<pyo3::types::PyString>() => {
+                            let text: String = v.extract()?;
+                            mooncake_core::flags::parse_bool(&text).ok_or_else(|| {
+                                PyValueError::new_err(format!(
+                                    "enable_ssd_offload: {text:?} is not a boolean"
+                                ))
+                            })?
+                        }
+                        Some(v) => v.is_truthy()?,
+                        None => false,
+                    },
+                }
+            } else {
+                let _ = metadata_server;
+                EmbeddedSettings {
+                    http_port: enable_client_http_server.then_some(client_http_port),
+                    host: string_arg(Some(local_hostname))?,
+                    segment: size_arg(global_segment_size, 16 << 20)?,
+                    staging: size_arg(local_buffer_size, DEFAULT_LOCAL_BUFFER)?,
+                    protocol: string_arg(protocol)?,
+                    devices: string_arg(rdma_devices)?,
+                    master: string_arg(master_server_addr)?,
+                    tenant: string_arg(tenant_id)?,
+                    offload_path: string_arg(ssd_offload_path)?,
+                    offload: enable_ssd_offload,
+                }
+            })
+        })();
+        // Upstream answers an unusable argument (a size such as "50%") with an error
+        // code, not an exception.
+        let settings = match settings {
+            Ok(settings) => settings,
+            Err(error) if error.is_instance_of::<PyValueError>(py) => {
+                log_error(py, &format!("setup failed: {error}"));
+                return Ok(-1);
             }
-        } else {
-            let _ = metadata_server;
-            EmbeddedSettings {
-                http_port: enable_client_http_server.then_some(client_http_port),
-                host: string_arg(Some(local_hostname))?,
-                segment: size_arg(global_segment_size, 16 << 20)?,
-                staging: size_arg(local_buffer_size, DEFAULT_LOCAL_BUFFER)?,
-                protocol: string_arg(protocol)?,
-                devices: string_arg(rdma_devices)?,
-                master: string_arg(master_server_addr)?,
-                tenant: string_arg(tenant_id)?,
-                offload_path: string_arg(ssd_offload_path)?,
-                offload: enable_ssd_offload,
-            }
+            Err(error) => return Err(error),
         };
         let config = match settings.to_config() {
             Ok(config) => config,
@@ -861,6 +873,7 @@ fn status_json(report: &mooncake_core::protocol::rpc::StatusReport) -> String {
         "objects": report.master.objects,
         "writes_in_progress": report.master.writes_in_progress,
         "segments": segments,
+        "remote_disk_reads": report.remote_disk_reads,
     })
     .to_string()
 }
@@ -879,14 +892,68 @@ struct EmbeddedSettings {
     offload_path: Option<String>,
 }
 
+/// Upstream's range for the port an embedded store picks when `local_hostname` names
+/// none (its segment name is `host:port`).
+const EMBEDDED_PORTS: std::ops::Range<u16> = 12_300..14_300;
+
+/// Ports taken by the embedded stores of this process, so that two `setup()` stores
+/// never share a segment name.
+static EMBEDDED_PORTS_TAKEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+
+/// Splits `host:port` (a port given by the application) from a bare host.
+fn split_host_port(text: &str) -> (String, Option<u16>) {
+    let text = text.trim();
+    if let Some(rest) = text.strip_prefix('[')
+        && let Some((host, port)) = rest.split_once("]:")
+        && let Ok(port) = port.parse::<u16>()
+    {
+        return (host.to_string(), Some(port));
+    }
+    match text.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => match port.parse::<u16>() {
+            Ok(port) => (host.to_string(), Some(port)),
+            Err(_) => (text.to_string(), None),
+        },
+        _ => (text.to_string(), None),
+    }
+}
+
+/// A port of [`EMBEDDED_PORTS`] that no other embedded store of this process uses and
+/// that is free on this host, marked taken.
+fn pick_embedded_port() -> Option<u16> {
+    let mut taken = EMBEDDED_PORTS_TAKEN.lock().ok()?;
+    let span = u32::from(EMBEDDED_PORTS.end - EMBEDDED_PORTS.start);
+    let start = std::process::id() % span;
+    let port = (0..span)
+        .map(|i| EMBEDDED_PORTS.start + u16::try_from((start + i) % span).unwrap_or(0))
+        .find(|port| {
+            !taken.contains(port) && std::net::TcpListener::bind(("0.0.0.0", *port)).is_ok()
+        })?;
+    taken.push(port);
+    Some(port)
+}
+
 impl EmbeddedSettings {
     fn to_config(&self) -> Result<RealClientConfig, String> {
         let master = match self.master.as_deref().map(str::trim) {
             None | Some("" | "embedded") => "embedded".to_string(),
             Some(other) => other.to_string(),
         };
-        let host = self.host.clone().unwrap_or_else(|| "localhost".into());
-        let port = 40_000 + (std::process::id() % 20_000);
+        let (host, given_port) = split_host_port(self.host.as_deref().unwrap_or("localhost"));
+        let host = if host.is_empty() {
+            "localhost".to_string()
+        } else {
+            host
+        };
+        let port = match given_port {
+            Some(port) => port,
+            None => pick_embedded_port().ok_or_else(|| {
+                format!(
+                    "no free port in {}..{} for this store's segment name; give local_hostname as host:port",
+                    EMBEDDED_PORTS.start, EMBEDDED_PORTS.end
+                )
+            })?,
+        };
         let mut args = vec![
             // An application process neither serves its master to others nor reads
             // mooncake_client's HTTP variables: only what setup() asked for.

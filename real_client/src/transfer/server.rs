@@ -23,8 +23,11 @@ pub struct TransferServer {
 pub struct ServedSegment {
     /// The memory.
     pub memory: Arc<SharedMemory>,
-    /// Current segment id.
+    /// Current segment id (0 while not mounted).
     pub id: AtomicU64,
+    /// False for a pure client (`--global_segment_size=0`): it mounts nothing and
+    /// every object it writes lives on other nodes.
+    pub contributes: bool,
 }
 
 impl TransferServer {

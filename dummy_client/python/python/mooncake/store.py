@@ -11,13 +11,23 @@ import functools
 import json
 import logging
 import os
-import uuid
 
-from . import _extras, _tensor_api
+from . import _extras, _tensor_api, _types
 from ._extras import *  # noqa: F403 (helper classes: see its __all__)
+from ._types import *  # noqa: F403 (result types and enums: see its __all__)
+from ._types import QueryTaskResponse, ReplicaDescriptor, task_id_int, task_id_pair
 from ._tensor_api import *  # noqa: F403 (the tensor module's public names: see its __all__)
 from ._tensor_api import TensorMixin
-from ._store import ERROR_CODES, ReplicateConfig, SoftPinAction, _RawBuffer, _StoreBase
+from ._store import (
+    ERROR_CODES,
+    MooncakeHostMemAllocator,
+    ReplicateConfig,
+    SoftPinAction,
+    _RawBuffer,
+    _StoreBase,
+    get_alloc_func_addr,
+    get_free_func_addr,
+)
 
 __all__ = [
     "MooncakeDistributedStore",
@@ -25,11 +35,21 @@ __all__ = [
     "SoftPinAction",
     "BufferHandle",
     "ERROR_CODES",
+    "MooncakeHostMemAllocator",
+    "get_alloc_func_addr",
+    "get_free_func_addr",
     *_tensor_api.__all__,
     *_extras.__all__,
+    *_types.__all__,
 ]
 
 log = logging.getLogger("mooncake")
+
+INVALID_PARAMS = ERROR_CODES["INVALID_PARAMS"]
+NO_AVAILABLE_HANDLE = ERROR_CODES["NO_AVAILABLE_HANDLE"]
+OBJECT_NOT_FOUND = ERROR_CODES["OBJECT_NOT_FOUND"]
+OBJECT_ALREADY_EXISTS = ERROR_CODES["OBJECT_ALREADY_EXISTS"]
+NOT_SUPPORTED = ERROR_CODES["NOT_SUPPORTED"]
 
 
 class BufferHandle:
@@ -173,22 +193,259 @@ class MooncakeDistributedStore(TensorMixin, _StoreBase):
         """``get_buffer`` for each key."""
         return [_wrap(raw) for raw in self._batch_get_buffer(list(keys))]
 
-    # ----- tasks -----
+    # ----- replicas and tasks -----
+
+    def get_replica_desc(self, key):
+        """The replicas of ``key`` as ``ReplicaDescriptor`` objects (``[]`` when missing)."""
+        return [ReplicaDescriptor(info) for info in super().get_replica_desc(key)]
+
+    def batch_get_replica_desc(self, keys):
+        """``{key: [ReplicaDescriptor, ...]}`` for the keys that exist."""
+        found = super().batch_get_replica_desc(keys)
+        return {key: [ReplicaDescriptor(info) for info in infos] for key, infos in found.items()}
 
     def create_copy_task(self, key, targets):
-        """Asks for replicas of ``key`` on ``targets``: ``(uuid.UUID or None, code)``."""
+        """Asks for replicas of ``key`` on ``targets``: ``(task id, code)``; the id is
+        upstream's ``(high, low)`` pair, None on failure."""
         task, code = self._create_copy_task(key, list(targets))
-        return (uuid.UUID(int=task) if task is not None else None, code)
+        return (task_id_pair(task) if task is not None else None, code)
 
     def create_move_task(self, key, source, target):
-        """Asks to move ``key`` from ``source`` to ``target``: ``(uuid.UUID or None, code)``."""
+        """Asks to move ``key`` from ``source`` to ``target``: ``(task id, code)``."""
         task, code = self._create_move_task(key, source, target)
-        return (uuid.UUID(int=task) if task is not None else None, code)
+        return (task_id_pair(task) if task is not None else None, code)
 
     def query_task(self, task_id):
-        """The state of a task: ``(dict or None, code)``."""
-        value = task_id.int if isinstance(task_id, uuid.UUID) else int(task_id)
-        info, code = self._query_task(value)
-        if info is not None:
-            info["id"] = uuid.UUID(int=info["id"])
-        return info, code
+        """The state of a task (id as upstream's pair, a ``uuid.UUID`` or an int):
+        ``(QueryTaskResponse or None, code)``."""
+        info, code = self._query_task(task_id_int(task_id))
+        return (QueryTaskResponse._from_info(info) if info is not None else None), code
+
+    # ----- put and get sessions (ranged writes and reads of whole objects) -----
+
+    def batch_put_session_start(self, keys, sizes, config=None):
+        """Reserves each object (``sizes[i]`` bytes) for ranged writes with
+        ``batch_put_from_multi_buffer_ranges``; nothing is readable until
+        ``batch_put_session_end``. One code per key (``OBJECT_ALREADY_EXISTS`` when the
+        key exists or a session for it is open)."""
+        keys, sizes = list(keys), list(sizes)
+        if len(keys) != len(sizes):
+            return [INVALID_PARAMS] * len(keys)
+        sessions = self._sessions()
+        exist = self.batch_is_exist(keys) if keys else []
+        results = []
+        for key, size, present in zip(keys, sizes, exist):
+            if present < 0:
+                results.append(present)
+            elif present == 1 or key in sessions:
+                results.append(OBJECT_ALREADY_EXISTS)
+            elif not isinstance(size, int) or size <= 0:
+                results.append(INVALID_PARAMS)
+            else:
+                ptr = self.alloc_from_mem_pool(size)
+                if not ptr:
+                    results.append(NO_AVAILABLE_HANDLE)
+                    continue
+                sessions[key] = _PutSession(ptr, size, config)
+                results.append(0)
+        return results
+
+    def batch_put_from_multi_buffer_ranges(self, keys, all_buffer_ptrs, all_sizes, all_dst_offsets):
+        """Writes each buffer ``all_buffer_ptrs[i][j]`` (``all_sizes[i][j]`` bytes) at
+        offset ``all_dst_offsets[i][j]`` of the object reserved for ``keys[i]``. One code
+        per key: 0, ``OBJECT_NOT_FOUND`` without an open session, ``INVALID_PARAMS`` for a
+        range outside the object or unknown memory."""
+        keys = list(keys)
+        if not (len(keys) == len(all_buffer_ptrs) == len(all_sizes) == len(all_dst_offsets)):
+            return [INVALID_PARAMS] * len(keys)
+        sessions = self._sessions()
+        results = []
+        for key, ptrs, sizes, offsets in zip(keys, all_buffer_ptrs, all_sizes, all_dst_offsets):
+            session = sessions.get(key)
+            if session is None:
+                results.append(OBJECT_NOT_FOUND)
+                continue
+            results.append(session.write(self, list(ptrs), list(sizes), list(offsets)))
+        return results
+
+    def batch_put_session_end(self, keys):
+        """Completes the sessions of ``keys``: each object becomes readable. One code per
+        key; the session is closed whatever the outcome."""
+        keys = list(keys)
+        sessions = self._sessions()
+        open_keys = [k for k in keys if k in sessions]
+        done = {}
+        by_config = {}
+        for key in open_keys:
+            by_config.setdefault(id(sessions[key].config), []).append(key)
+        for group in by_config.values():
+            config = sessions[group[0]].config
+            ptrs = [sessions[k].ptr for k in group]
+            sizes = [sessions[k].size for k in group]
+            codes = self.batch_put_from(group, ptrs, sizes, config) if config is not None else self.batch_put_from(group, ptrs, sizes)
+            done.update(zip(group, codes))
+        for key in open_keys:
+            self.free_to_mem_pool(sessions.pop(key).ptr)
+        return [done.get(key, OBJECT_NOT_FOUND) for key in keys]
+
+    def batch_put_session_revoke(self, keys):
+        """Abandons the sessions of ``keys`` (nothing is stored). One code per key."""
+        sessions = self._sessions()
+        results = []
+        for key in keys:
+            session = sessions.pop(key, None)
+            if session is None:
+                results.append(OBJECT_NOT_FOUND)
+            else:
+                self.free_to_mem_pool(session.ptr)
+                results.append(0)
+        return results
+
+    def batch_get_session_start(self, keys):
+        """Looks the objects up once (their sizes are remembered for ranged reads with
+        ``batch_get_into_multi_buffer_ranges``). One entry per key: the object size or
+        a negative code."""
+        keys = list(keys)
+        sizes = [self.get_size(key) for key in keys]
+        cache = self._get_sessions()
+        for key, size in zip(keys, sizes):
+            if size >= 0:
+                cache[key] = size
+        return sizes
+
+    def batch_get_into_multi_buffer_ranges(self, keys, all_buffer_ptrs, all_sizes, all_src_offsets):
+        """Reads ``all_sizes[i][j]`` bytes at offset ``all_src_offsets[i][j]`` of object
+        ``keys[i]`` into ``all_buffer_ptrs[i][j]``. One entry per key: the bytes read in
+        all, or the first negative code."""
+        keys = list(keys)
+        if not (len(keys) == len(all_buffer_ptrs) == len(all_sizes) == len(all_src_offsets)):
+            return [INVALID_PARAMS] * len(keys)
+        flat_ptrs, flat_keys, dst, src, sizes, owner = [], [], [], [], [], []
+        results = [0] * len(keys)
+        for index, (key, ptrs, lens, offsets) in enumerate(zip(keys, all_buffer_ptrs, all_sizes, all_src_offsets)):
+            ptrs, lens, offsets = list(ptrs), list(lens), list(offsets)
+            if not (len(ptrs) == len(lens) == len(offsets)):
+                results[index] = INVALID_PARAMS
+                continue
+            for ptr, length, offset in zip(ptrs, lens, offsets):
+                flat_ptrs.append(ptr)
+                flat_keys.append([key])
+                dst.append([[0]])
+                src.append([[offset]])
+                sizes.append([[length]])
+                owner.append(index)
+        if flat_ptrs:
+            got = self.get_into_ranges(flat_ptrs, flat_keys, dst, src, sizes)
+            for index, per_buffer in zip(owner, got):
+                count = per_buffer[0][0]
+                if results[index] < 0:
+                    continue
+                results[index] = count if count < 0 else results[index] + count
+        return results
+
+    def batch_get_session_end(self, keys):
+        """Forgets what ``batch_get_session_start`` looked up. Returns 0."""
+        cache = self._get_sessions()
+        for key in keys:
+            cache.pop(key, None)
+        return 0
+
+    def _sessions(self):
+        if not hasattr(self, "_put_sessions"):
+            self._put_sessions = {}
+        return self._put_sessions
+
+    def _get_sessions(self):
+        if not hasattr(self, "_get_session_sizes"):
+            self._get_session_sizes = {}
+        return self._get_session_sizes
+
+    # ----- segments and other upstream calls -----
+
+    def _not_supported(self, call, why):
+        _log_once(call, f"{call}: {why}")
+        return NOT_SUPPORTED
+
+    def mount_segment(self, path, size, offset=0, protocol="tcp", location=""):
+        """Upstream mounts a shared-memory file as an extra segment; this store's nodes
+        contribute exactly their global segment: ``NOT_SUPPORTED`` (logged once)."""
+        code = self._not_supported("mount_segment", "extra segments are not supported; size the node with --global_segment_size")
+        return {"code": code, "segment_ids": []}
+
+    def allocate_and_mount_segment(self, size, protocol="tcp", location=""):
+        """See ``mount_segment``: ``NOT_SUPPORTED`` (logged once)."""
+        code = self._not_supported("allocate_and_mount_segment", "extra segments are not supported; size the node with --global_segment_size")
+        return {"code": code, "segment_ids": []}
+
+    def unmount_segment(self, segment_ids, grace_period_seconds=0):
+        """See ``mount_segment``: ``NOT_SUPPORTED`` (logged once)."""
+        return self._not_supported("unmount_segment", "extra segments are not supported; a node's segment leaves with the node")
+
+    def unmount_and_free_segment(self, segment_ids, grace_period_seconds=0):
+        """See ``mount_segment``: ``NOT_SUPPORTED`` (logged once)."""
+        return self._not_supported("unmount_and_free_segment", "extra segments are not supported; a node's segment leaves with the node")
+
+    def unmount_local_disk_segment(self, grace_period_seconds=0):
+        """Upstream detaches a node's SSD tier at run time: ``NOT_SUPPORTED`` (logged
+        once); restart the node without --enable_offload instead."""
+        return self._not_supported("unmount_local_disk_segment", "the SSD tier stays until the node restarts without --enable_offload")
+
+    def init_all(self, protocol, device_name, mount_segment_size):
+        """Upstream's two-step initialisation after a bare ``setup``: ``setup()`` here
+        already started the transfer engine and mounted the segment, so this returns 0
+        when the store is set up, -1 otherwise."""
+        return 0 if self.health_check() != 1 else -1
+
+    def batch_replica_clear(self, keys, segment_name=""):
+        """Removes the objects among ``keys`` whose read lease has expired (when
+        ``segment_name`` is given: only objects with a replica there). Returns the keys
+        cleared."""
+        keys = list(keys)
+        if segment_name:
+            replicas = self.batch_get_replica_desc(keys)
+            keys = [k for k in keys if any(_segment_of(r) == segment_name for r in replicas.get(k, []))]
+        codes = self.batch_remove(keys, False) if keys else []
+        return [key for key, code in zip(keys, codes) if code == 0]
+
+    def get_offload_rpc_read_count(self):
+        """Reads this node served from another node's SSD tier since its real client
+        started (0 when unreachable)."""
+        status = self.status()
+        return int(status.get("remote_disk_reads", 0)) if status else 0
+
+
+class _PutSession:
+    """An object reserved by ``batch_put_session_start``: its bytes are gathered in
+    shared memory and stored in one zero-copy put at the end."""
+
+    __slots__ = ("ptr", "size", "config")
+
+    def __init__(self, ptr, size, config):
+        self.ptr, self.size, self.config = ptr, size, config
+
+    def write(self, store, ptrs, sizes, offsets):
+        if not (len(ptrs) == len(sizes) == len(offsets)):
+            return INVALID_PARAMS
+        for ptr, size, offset in zip(ptrs, sizes, offsets):
+            if not all(isinstance(v, int) for v in (ptr, size, offset)) or size < 0 or offset < 0 or offset + size > self.size:
+                return INVALID_PARAMS
+            if size and not store._owns_memory(ptr, size):
+                return INVALID_PARAMS
+        for ptr, size, offset in zip(ptrs, sizes, offsets):
+            ctypes.memmove(self.ptr + offset, ptr, size)
+        return 0
+
+
+def _segment_of(replica):
+    if replica.is_memory_replica():
+        return replica.get_memory_descriptor().segment_name
+    return replica.get_disk_descriptor().file_path
+
+
+_LOGGED = set()
+
+
+def _log_once(call, message):
+    if call not in _LOGGED:
+        _LOGGED.add(call)
+        log.warning("%s", message)
