@@ -302,6 +302,11 @@ impl DummyClient {
         }
     }
 
+    /// Bytes of the staging buffer (`local_buffer_size` at setup).
+    pub fn local_buffer_size(&self) -> u64 {
+        self.inner.memory.lock().staging_capacity()
+    }
+
     /// True after [`close`](Self::close).
     pub fn is_closed(&self) -> bool {
         self.inner.closed.load(Ordering::Acquire)

@@ -238,3 +238,20 @@ def test_batch_replica_clear_removes_unleased_objects(store, keys):
 
 def test_offload_rpc_read_count_starts_at_zero(store):
     assert store.get_offload_rpc_read_count() >= 0
+
+
+def test_put_of_bytes_needs_the_local_buffer_like_upstream(embedded, keys):
+    # Upstream: setup succeeds, bytes puts fail with INVALID_PARAMS and store nothing.
+    store = embedded(staging=0)
+    key = keys("zero")
+    assert store.put(key, b"value") == INVALID_PARAMS
+    assert store.put_parts(key, b"a", b"b") == INVALID_PARAMS
+    assert store.put_batch([key], [b"v"]) == INVALID_PARAMS
+    assert store.upsert(key, b"v") == INVALID_PARAMS
+    assert store.is_exist(key) == 0
+    # Registered memory does not need the local buffer.
+    buf = store.alloc_from_mem_pool(16)
+    ctypes.memmove(buf, b"x" * 16, 16)
+    assert store.put_from(key, buf, 16) == OK
+    assert store.get_size(key) == 16
+    store.free_to_mem_pool(buf)

@@ -115,6 +115,27 @@ impl PyStore {
         }
     }
 
+    /// [`with`](Self::with) for writes of Python bytes, which go through the local
+    /// buffer as upstream's do: `INVALID_PARAMS` (logged once) when the store was set
+    /// up with `local_buffer_size=0`.
+    fn with_local_buffer(
+        &self,
+        py: Python<'_>,
+        op: impl FnOnce(&DummyClient) -> i64 + Send,
+    ) -> i64 {
+        static NOTICE: std::sync::Once = std::sync::Once::new();
+        match self.client() {
+            Some(client) if client.local_buffer_size() == 0 => {
+                NOTICE.call_once(|| {
+                    log_error(py, "put of bytes needs the local buffer and this store has local_buffer_size=0 (as upstream, it fails with INVALID_PARAMS): give setup a local_buffer_size, or use put_from with registered memory");
+                });
+                code(ErrorCode::INVALID_PARAMS)
+            }
+            Some(client) => py.detach(move || op(&client)),
+            None => not_ready(),
+        }
+    }
+
     fn install(&self, client: DummyClient) {
         if let Ok(mut slot) = self.client.write()
             && let Some(old) = slot.replace(client)
@@ -330,7 +351,7 @@ impl PyStore {
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> i64 {
         let config = config_of(config);
-        self.with(py, not_ready(), move |c| unit(c.put(&key, &value, &config)))
+        self.with_local_buffer(py, move |c| unit(c.put(&key, &value, &config)))
     }
 
     #[pyo3(signature = (key, *parts, config=None))]
@@ -342,7 +363,7 @@ impl PyStore {
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> i64 {
         let config = config_of(config);
-        self.with(py, not_ready(), move |c| {
+        self.with_local_buffer(py, move |c| {
             let views: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
             unit(c.put_parts(&key, &views, &config))
         })
@@ -357,7 +378,7 @@ impl PyStore {
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> i64 {
         let config = config_of(config);
-        self.with(py, not_ready(), move |c| {
+        self.with_local_buffer(py, move |c| {
             let views: Vec<&[u8]> = values.iter().map(|p| &p[..]).collect();
             first_error(c.put_batch(&keys, &views, &config))
         })
@@ -372,9 +393,7 @@ impl PyStore {
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> i64 {
         let config = config_of(config);
-        self.with(py, not_ready(), move |c| {
-            unit(c.upsert(&key, &value, &config))
-        })
+        self.with_local_buffer(py, move |c| unit(c.upsert(&key, &value, &config)))
     }
 
     #[pyo3(signature = (key, *parts, config=None))]
@@ -386,7 +405,7 @@ impl PyStore {
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> i64 {
         let config = config_of(config);
-        self.with(py, not_ready(), move |c| {
+        self.with_local_buffer(py, move |c| {
             let views: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
             unit(c.upsert_parts(&key, &views, &config))
         })
@@ -401,7 +420,7 @@ impl PyStore {
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> i64 {
         let config = config_of(config);
-        self.with(py, not_ready(), move |c| {
+        self.with_local_buffer(py, move |c| {
             let views: Vec<&[u8]> = values.iter().map(|p| &p[..]).collect();
             first_error(c.upsert_batch(&keys, &views, &config))
         })
