@@ -18,6 +18,16 @@ use mooncake_shm::{MemSlice, PoolAllocator, SharedMemory, ShmError};
 
 use crate::connection::Offer;
 
+/// Touches every page of `memory` on a short-lived background thread.
+fn prefault_in_background(memory: Arc<SharedMemory>) {
+    let spawned = std::thread::Builder::new()
+        .name("mooncake-prefault".into())
+        .spawn(move || memory.prefault());
+    if let Err(error) = spawned {
+        tracing::debug!(%error, "staging prefault thread not started");
+    }
+}
+
 /// How the dummy passes one application range to the real client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RangeKind {
@@ -69,17 +79,24 @@ impl DummyMemory {
     /// bytes; none when 0).
     pub fn create(pool_size: u64, staging_size: u64) -> Result<Self, ShmError> {
         let page = PageSize::from_env();
-        let pool_memory = Arc::new(SharedMemory::create(
+        // Pages are faulted in on first use, not up front: engines size the pool for the
+        // whole KV cache (gigabytes), and setup must not wait for it.
+        let pool_memory = Arc::new(SharedMemory::create_populated(
             "mooncake_pool",
             pool_size.max(1),
             page,
+            false,
         )?);
         let staging = if staging_size > 0 {
-            let memory = Arc::new(SharedMemory::create(
+            let memory = Arc::new(SharedMemory::create_populated(
                 "mooncake_staging",
                 staging_size,
                 page,
+                false,
             )?);
+            // Every copy-through transfer uses the staging buffer: fault it in on a
+            // background thread so the first transfers do not pay for it.
+            prefault_in_background(Arc::clone(&memory));
             let allocator = PoolAllocator::new(Arc::clone(&memory));
             Some((memory, allocator))
         } else {
@@ -99,10 +116,11 @@ impl DummyMemory {
     /// A new pool segment large enough for `len` bytes (not yet added to the pool).
     pub fn new_pool_segment(&self, len: u64) -> Result<Arc<SharedMemory>, ShmError> {
         let size = len.max(self.growth_step);
-        Ok(Arc::new(SharedMemory::create(
+        Ok(Arc::new(SharedMemory::create_populated(
             "mooncake_pool",
             size,
             self.page,
+            false,
         )?))
     }
 

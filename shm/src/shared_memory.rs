@@ -193,7 +193,9 @@ impl SharedMemory {
                 actual,
             });
         }
-        let map = sys::map_shared(&file, len, true).map_err(|source| ShmError::Map {
+        // Not populated: a peer's memfd may be large and sparse; pages are faulted in
+        // when transfers touch them.
+        let map = sys::map_shared(&file, len, false).map_err(|source| ShmError::Map {
             len: declared_len,
             source,
         })?;
