@@ -256,7 +256,12 @@ impl<'a> Handshake<'a> {
             len: offer.memory.len() as u64,
             kind: offer.kind,
         };
-        self.send(&DummyFrame::Register(registration), Some(offer.memory.fd()))?;
+        let Some(fd) = offer.memory.fd() else {
+            return Err(
+                self.protocol("application memory cannot be shared with another process".into())
+            );
+        };
+        self.send(&DummyFrame::Register(registration), Some(fd))?;
         match self.receive()? {
             RealFrame::Registered => Ok(()),
             RealFrame::Rejected(reason) => Err(ConnectError::Refused {

@@ -52,6 +52,11 @@ impl Host {
         ))
     }
 
+    /// Removes the segment at `base` from the in-process session.
+    pub fn detach(&self, identity: &Identity, base: u64) -> bool {
+        in_process::unregister(&self.state, identity.client_id, base)
+    }
+
     /// Adds a segment to the in-process session.
     pub fn attach(&self, identity: &Identity, offer: &Offer) -> Result<(), ConnectError> {
         in_process::register(&self.state, identity.client_id, Arc::clone(&offer.memory))

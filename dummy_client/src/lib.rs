@@ -35,3 +35,4 @@ pub use mooncake_core::types::{
     ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SoftPinAction,
 };
 pub use read::Nested;
+pub use user_memory::copied_bytes as copied_through_staging_bytes;

@@ -153,6 +153,31 @@ impl DummyMemory {
         }
     }
 
+    /// Forgets the host segment starting at `base` (application memory borrowed in
+    /// place); returns it when there was one.
+    pub fn remove_borrowed(&mut self, base: u64) -> Option<Arc<SharedMemory>> {
+        let index = self
+            .host
+            .iter()
+            .position(|m| m.is_borrowed() && m.base() == base)?;
+        Some(self.host.remove(index))
+    }
+
+    /// Registered buffers lying inside `base..base+len`.
+    pub fn registrations_within(&self, base: u64, len: u64) -> Vec<(u64, u64)> {
+        let end = base.saturating_add(len);
+        self.registered
+            .range(base..end)
+            .filter(|(start, (size, _))| start.saturating_add(*size) <= end)
+            .map(|(&start, &(size, _))| (start, size))
+            .collect()
+    }
+
+    /// True when `addr..addr+len` is already shared with the real client.
+    pub fn is_shared(&self, addr: u64, len: u64) -> bool {
+        self.in_shared_memory(addr, len)
+    }
+
     fn in_host_memory(&self, addr: u64, len: u64) -> bool {
         let Some(end) = addr.checked_add(len) else {
             return false;
@@ -219,9 +244,7 @@ impl DummyMemory {
         let inside_registered = self
             .registered
             .range(..=addr)
-            .any(|(&start, &(size, shared))| {
-                !shared && end.is_some_and(|end| end <= start.saturating_add(size))
-            });
+            .any(|(&start, &(size, _))| end.is_some_and(|end| end <= start.saturating_add(size)));
         if inside_registered {
             RangeKind::CopyThrough
         } else {

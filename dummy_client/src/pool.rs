@@ -83,6 +83,8 @@ impl DummyClient {
             return Err(ErrorCode::INVALID_PARAMS);
         }
         self.attach_host_memory(ptr, size)?;
+        #[cfg(feature = "embedded")]
+        self.lend_to_embedded(ptr, size);
         let shared = self.inner.memory.lock().register(ptr, size);
         if !shared && !COPY_THROUGH_NOTICE.swap(true, Ordering::Relaxed) {
             tracing::warn!(
@@ -121,13 +123,62 @@ impl DummyClient {
         Ok(())
     }
 
+    /// Embedded mode: the real client runs in this process, so it can read and write an
+    /// application buffer in place. The range is handed over as it is (zero-copy, like
+    /// shared memory) instead of being copied through staging. A range overlapping one
+    /// already handed over keeps the copy-through path.
+    #[cfg(feature = "embedded")]
+    fn lend_to_embedded(&self, ptr: u64, size: u64) {
+        let crate::connection::Target::InProcess(host) = &self.inner.target else {
+            return;
+        };
+        let mut memory = self.inner.memory.lock();
+        if memory.is_shared(ptr, size) {
+            return;
+        }
+        // SAFETY: the application registered `ptr..ptr+size` and, as upstream requires
+        // of registered memory, keeps it valid until `unregister_buffer`, which removes
+        // it from the real client before returning.
+        let borrowed = match unsafe { mooncake_shm::SharedMemory::borrowed(ptr, size) } {
+            Ok(borrowed) => Arc::new(borrowed),
+            Err(error) => {
+                tracing::debug!(%error, "registered buffer kept on the copy-through path");
+                return;
+            }
+        };
+        let offer = Offer {
+            memory: Arc::clone(&borrowed),
+            kind: SegmentKind::Pool,
+        };
+        match host.attach(&self.inner.identity, &offer) {
+            Ok(()) => memory.add_host(borrowed),
+            Err(error) => {
+                tracing::debug!(%error, "registered buffer kept on the copy-through path");
+            }
+        }
+    }
+
     /// Forgets a buffer registered with [`register_buffer`](Self::register_buffer);
     /// `INVALID_PARAMS` when `ptr` does not start one.
     pub fn unregister_buffer(&self, ptr: u64) -> CodeResult<()> {
         if self.is_closed() {
             return Err(ErrorCode::RPC_FAIL);
         }
-        if self.inner.memory.lock().unregister(ptr) {
+        let mut memory = self.inner.memory.lock();
+        if memory.unregister(ptr) {
+            #[cfg(feature = "embedded")]
+            if let (Some(gone), crate::connection::Target::InProcess(host)) =
+                (memory.remove_borrowed(ptr), &self.inner.target)
+            {
+                host.detach(&self.inner.identity, ptr);
+                // Buffers registered inside the one just removed are handed over on
+                // their own.
+                let inner = memory.registrations_within(ptr, gone.len() as u64);
+                drop(memory);
+                for (start, len) in inner {
+                    self.lend_to_embedded(start, len);
+                }
+            }
             Ok(())
         } else {
             Err(ErrorCode::INVALID_PARAMS)

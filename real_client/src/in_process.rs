@@ -64,3 +64,13 @@ pub fn register(
         .add(base, memory)
         .map_err(|e| e.to_string())
 }
+
+/// Removes the segment at `base` from the in-process session of `client_id` (the
+/// application unregistered a buffer the real client used in place); false when there
+/// is no such segment.
+pub fn unregister(state: &ServerState, client_id: u128, base: u64) -> bool {
+    state
+        .sessions
+        .get(client_id)
+        .is_some_and(|session| session.registry().write().remove(base))
+}

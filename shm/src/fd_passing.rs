@@ -123,7 +123,7 @@ mod tests {
             SharedMemory::create("pass", 4096, PageSize::Normal).expect("create"),
         );
         mem.slice(0, 6).expect("range").write_from(b"shared");
-        send_with_fd(&a, b"frame", Some(mem.fd())).expect("send");
+        send_with_fd(&a, b"frame", mem.fd()).expect("send");
         send_with_fd(&a, b"next", None).expect("send");
         let mut buf = [0u8; 5];
         let fds = recv_exact_with_fds(&b, &mut buf).expect("recv");

@@ -109,6 +109,17 @@ impl Registry {
         region.mem.slice(offset, len).ok_or(past_end)
     }
 
+    /// Forgets the segment registered at `dummy_base`; false when there is none.
+    pub fn remove(&mut self, dummy_base: u64) -> bool {
+        match self.regions.iter().position(|r| r.dummy_base == dummy_base) {
+            Some(index) => {
+                self.regions.remove(index);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Number of registered segments.
     pub fn segment_count(&self) -> usize {
         self.regions.len()

@@ -94,12 +94,22 @@ impl PageSize {
     }
 }
 
-/// A memfd and its shared mapping in this process.
+/// A memfd and its shared mapping in this process, or (in an embedded real client)
+/// the application's own memory, borrowed in place.
 #[derive(Debug)]
 pub struct SharedMemory {
-    file: File,
-    map: MmapRaw,
+    backing: Backing,
     len: usize,
+}
+
+/// What a [`SharedMemory`] is made of.
+#[derive(Debug)]
+enum Backing {
+    /// A memfd mapped shared in this process (can be passed to a peer).
+    Memfd { file: File, map: MmapRaw },
+    /// Memory of this process that the application registered and keeps valid; never
+    /// passed to another process.
+    Borrowed { base: *mut u8 },
 }
 
 // SAFETY: the mapping is plain memory shared by design; all access goes through raw
@@ -170,8 +180,7 @@ impl SharedMemory {
         let map = sys::map_shared(&file, size, populate)
             .map_err(|source| ShmError::Map { len, source })?;
         Ok(SharedMemory {
-            file,
-            map,
+            backing: Backing::Memfd { file, map },
             len: size,
         })
     }
@@ -199,12 +208,47 @@ impl SharedMemory {
             len: declared_len,
             source,
         })?;
-        Ok(SharedMemory { file, map, len })
+        Ok(SharedMemory {
+            backing: Backing::Memfd { file, map },
+            len,
+        })
+    }
+
+    /// Wraps `len` bytes of this process's memory at `base` (an embedded real client
+    /// reads and writes an application's registered buffer in place through it).
+    ///
+    /// # Safety
+    /// `base..base+len` must stay readable and writable for as long as the returned
+    /// value (and every [`MemSlice`] of it) lives; bytes are only accessed under the
+    /// contract of shared memory (raw copies, concurrent changes give mixed bytes).
+    pub unsafe fn borrowed(base: u64, len: u64) -> Result<Self, ShmError> {
+        let size = to_usize(len)?;
+        if base == 0 || base.checked_add(len).is_none() {
+            return Err(ShmError::BadSize { len });
+        }
+        Ok(SharedMemory {
+            backing: Backing::Borrowed {
+                base: base as *mut u8,
+            },
+            len: size,
+        })
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        match &self.backing {
+            Backing::Memfd { map, .. } => map.as_mut_ptr(),
+            Backing::Borrowed { base } => *base,
+        }
     }
 
     /// Start of the mapping in this process.
     pub fn base(&self) -> u64 {
-        self.map.as_mut_ptr() as u64
+        self.ptr() as u64
+    }
+
+    /// True for application memory wrapped with [`borrowed`](Self::borrowed).
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.backing, Backing::Borrowed { .. })
     }
 
     /// Length of the mapping.
@@ -221,13 +265,13 @@ impl SharedMemory {
     /// faults; best effort, errors are logged at debug level.
     pub fn prefault(&self) {
         const CHUNK: usize = 64 << 20;
+        let Backing::Memfd { map, .. } = &self.backing else {
+            return;
+        };
         let mut offset = 0;
         while offset < self.len {
             let len = CHUNK.min(self.len - offset);
-            if let Err(error) = self
-                .map
-                .advise_range(memmap2::Advice::PopulateWrite, offset, len)
-            {
+            if let Err(error) = map.advise_range(memmap2::Advice::PopulateWrite, offset, len) {
                 tracing::debug!(%error, "prefault stopped");
                 return;
             }
@@ -235,9 +279,13 @@ impl SharedMemory {
         }
     }
 
-    /// The memfd, for sending to a peer.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.file.as_fd()
+    /// The memfd, for sending to a peer; `None` for borrowed application memory,
+    /// which never leaves this process.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        match &self.backing {
+            Backing::Memfd { file, .. } => Some(file.as_fd()),
+            Backing::Borrowed { .. } => None,
+        }
     }
 
     /// A view of `offset..offset+len`, or `None` when it is not wholly inside.
@@ -275,7 +323,7 @@ impl MemSlice {
 
     fn ptr(&self) -> *mut u8 {
         // SAFETY: `offset < mem.len` was checked when the slice was made.
-        unsafe { self.mem.map.as_mut_ptr().add(self.offset) }
+        unsafe { self.mem.ptr().add(self.offset) }
     }
 
     /// Copies `min(self.len, dst.len)` bytes from this slice into `dst`; returns the count.
@@ -360,7 +408,7 @@ mod tests {
     fn create_seal_and_map_again() {
         let mem = Arc::new(SharedMemory::create("test", 10_000, PageSize::Normal).expect("create"));
         assert_eq!(mem.len(), 12_288, "rounded to pages");
-        let dup = mem.fd().try_clone_to_owned().expect("dup");
+        let dup = mem.fd().expect("memfd").try_clone_to_owned().expect("dup");
         let peer = Arc::new(SharedMemory::map_received(dup, 12_288).expect("map"));
         mem.slice(100, 5).expect("in range").write_from(b"hello");
         assert_eq!(peer.slice(100, 5).expect("in range").to_vec(), b"hello");
@@ -368,10 +416,27 @@ mod tests {
         assert!(mem.slice(0, 0).is_none());
         assert!(mem.slice(u64::MAX, 2).is_none());
         assert!(
-            nix::unistd::ftruncate(mem.fd(), 10).is_err(),
+            nix::unistd::ftruncate(mem.fd().expect("memfd"), 10).is_err(),
             "sealed against shrinking"
         );
-        let _ = mem.fd().as_raw_fd();
+        let _ = mem.fd().expect("memfd").as_raw_fd();
+    }
+
+    #[test]
+    fn borrowed_memory_is_used_in_place() {
+        let mut buffer = vec![0u8; 64];
+        // SAFETY: `buffer` outlives `mem` and every slice of it in this test.
+        let mem = Arc::new(
+            unsafe { SharedMemory::borrowed(buffer.as_mut_ptr() as u64, 64) }.expect("wrap"),
+        );
+        assert!(mem.is_borrowed() && mem.fd().is_none());
+        mem.slice(8, 3).expect("in range").write_from(b"abc");
+        assert!(mem.slice(60, 5).is_none());
+        mem.prefault();
+        drop(mem);
+        assert_eq!(&buffer[8..11], b"abc");
+        // SAFETY: never dereferenced: refused before wrapping.
+        assert!(unsafe { SharedMemory::borrowed(0, 64) }.is_err());
     }
 
     #[test]
@@ -387,7 +452,7 @@ mod tests {
         ));
 
         let mem = SharedMemory::create("short", 4096, PageSize::Normal).expect("create");
-        let dup = mem.fd().try_clone_to_owned().expect("dup");
+        let dup = mem.fd().expect("memfd").try_clone_to_owned().expect("dup");
         assert!(matches!(
             SharedMemory::map_received(dup, 1 << 20),
             Err(ShmError::TooSmall { .. })

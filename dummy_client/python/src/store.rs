@@ -893,6 +893,7 @@ fn status_json(report: &mooncake_core::protocol::rpc::StatusReport) -> String {
         "writes_in_progress": report.master.writes_in_progress,
         "segments": segments,
         "remote_disk_reads": report.remote_disk_reads,
+        "copied_through_staging_bytes": mooncake_dummy_client::copied_through_staging_bytes(),
     })
     .to_string()
 }
