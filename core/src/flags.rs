@@ -643,6 +643,48 @@ pub fn listing_json(table: FlagTable) -> String {
     serde_json::to_string_pretty(&listing(table)).unwrap_or_else(|_| "[]".to_string())
 }
 
+/// Flags every upstream binary has from its shared libraries (gflags' own flags, glog's
+/// logging flags, the mmap arena allocator): part of both binaries' upstream lists.
+pub const UPSTREAM_COMMON_FLAGS: &[&str] = &[
+    "mmap_arena_pool_size",
+    "use_mmap_arena_allocator",
+    "flagfile",
+    "fromenv",
+    "tryfromenv",
+    "undefok",
+    "tab_completion_columns",
+    "tab_completion_word",
+    "help",
+    "helpfull",
+    "helpmatch",
+    "helpon",
+    "helppackage",
+    "helpshort",
+    "helpxml",
+    "version",
+    "alsologtoemail",
+    "alsologtostderr",
+    "colorlogtostderr",
+    "drop_log_memory",
+    "log_backtrace_at",
+    "log_dir",
+    "log_link",
+    "log_prefix",
+    "logbuflevel",
+    "logbufsecs",
+    "logemaillevel",
+    "logfile_mode",
+    "logmailer",
+    "logtostderr",
+    "max_log_size",
+    "minloglevel",
+    "stderrthreshold",
+    "stop_logging_if_full_disk",
+    "symbolize_stacktrace",
+    "v",
+    "vmodule",
+];
+
 /// Differences between a flag table and the flag names of upstream's binary: upstream
 /// names not declared, or declared as ours; declared upstream flags upstream lacks.
 /// Empty when the table covers upstream exactly (a unit test of each binary).

@@ -54,6 +54,30 @@ pub enum NotRun {
     Invalid(String),
 }
 
+impl NotRun {
+    /// Why a configuration gave nothing to run: `stdout_text` when the flags asked for
+    /// text and an exit (`--help`, `--version`), else the error.
+    pub fn from_error(stdout_text: Option<&str>, error: &impl std::fmt::Display) -> Self {
+        match stdout_text {
+            Some(text) => NotRun::Help(text.to_string()),
+            None => NotRun::Invalid(error.to_string()),
+        }
+    }
+}
+
+/// Installs the logger of `settings`, then logs each upstream flag that was accepted
+/// without effect (one line each, at startup).
+pub fn init_command_logging(
+    settings: &crate::logging::LogSettings,
+    compat_notes: &[String],
+) -> Result<(), String> {
+    settings.init().map_err(|error| error.to_string())?;
+    for note in compat_notes {
+        tracing::info!("accepted for compatibility: {note}");
+    }
+    Ok(())
+}
+
 /// A long-running command (`mooncake_master`, `mooncake_client`): flags in, then serve
 /// until SIGINT or SIGTERM. [`command_main`] does the rest.
 pub trait Command: Sized {

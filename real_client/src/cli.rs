@@ -19,20 +19,16 @@ impl Command for ClientCommand {
     type Error = StartError;
 
     fn parse(args: Vec<String>) -> Result<Self, NotRun> {
-        match RealClientConfig::from_command_line(args) {
-            Ok(config) => Ok(Self(config)),
-            Err(error) => {
+        RealClientConfig::from_command_line(args)
+            .map(Self)
+            .map_err(|error| {
                 // `--help` (and the other flags that print and exit) is not an error.
                 let text = match &error {
                     ConfigError::Flag(flag) => flag.stdout_text(),
                     _ => None,
                 };
-                Err(match text {
-                    Some(text) => NotRun::Help(text.to_string()),
-                    None => NotRun::Invalid(error.to_string()),
-                })
-            }
-        }
+                NotRun::from_error(text, &error)
+            })
     }
 
     fn log_level(&self) -> &str {
@@ -40,11 +36,7 @@ impl Command for ClientCommand {
     }
 
     fn init_logging(&self) -> Result<(), String> {
-        self.0.log.init().map_err(|error| error.to_string())?;
-        for note in &self.0.compat_notes {
-            tracing::info!("accepted for compatibility: {note}");
-        }
-        Ok(())
+        mooncake_core::process::init_command_logging(&self.0.log, &self.0.compat_notes)
     }
 
     fn worker_threads(&self) -> usize {

@@ -19,20 +19,16 @@ impl Command for MasterCommand {
     type Error = DaemonError;
 
     fn parse(args: Vec<String>) -> Result<Self, NotRun> {
-        match MasterDaemonConfig::from_args(args) {
-            Ok(config) => Ok(Self(config)),
-            Err(error) => {
+        MasterDaemonConfig::from_args(args)
+            .map(Self)
+            .map_err(|error| {
                 // `--help` (and the other flags that print and exit) is not an error.
                 let text = match &error {
                     DaemonConfigError::Flag(flag) => flag.stdout_text(),
                     _ => None,
                 };
-                Err(match text {
-                    Some(text) => NotRun::Help(text.to_string()),
-                    None => NotRun::Invalid(error.to_string()),
-                })
-            }
-        }
+                NotRun::from_error(text, &error)
+            })
     }
 
     fn log_level(&self) -> &str {
@@ -40,11 +36,7 @@ impl Command for MasterCommand {
     }
 
     fn init_logging(&self) -> Result<(), String> {
-        self.0.log.init().map_err(|error| error.to_string())?;
-        for note in &self.0.compat_notes {
-            tracing::info!("accepted for compatibility: {note}");
-        }
-        Ok(())
+        crate::process::init_command_logging(&self.0.log, &self.0.compat_notes)
     }
 
     fn worker_threads(&self) -> usize {
