@@ -47,22 +47,8 @@ def socket_accepts(port):
             return False
 
 
-class RealClient:
-    """A ``mooncake_client`` process started by the tests."""
-
-    def __init__(self, proc, port, log_path, flags):
-        self.proc = proc
-        self.port = port
-        self.log_path = log_path
-        self.flags = flags
-
-    @property
-    def address(self):
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self):
-        return self.proc.pid
+class _Process:
+    """A process the tests started (``proc``), with its log file (``log_path``)."""
 
     def alive(self):
         return self.proc.poll() is None
@@ -83,6 +69,24 @@ class RealClient:
                 self.proc.kill()
                 self.proc.wait(timeout)
         return self.proc.returncode
+
+
+class RealClient(_Process):
+    """A ``mooncake_client`` process started by the tests."""
+
+    def __init__(self, proc, port, log_path, flags):
+        self.proc = proc
+        self.port = port
+        self.log_path = log_path
+        self.flags = flags
+
+    @property
+    def address(self):
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self):
+        return self.proc.pid
 
     def kill(self):
         """SIGKILL (a crash of the real client)."""
@@ -195,7 +199,7 @@ def tcp_accepts(port, host="127.0.0.1"):
         return False
 
 
-class StandaloneMaster:
+class StandaloneMaster(_Process):
     """A ``mooncake_master`` process started by the tests, on loopback ports."""
 
     def __init__(self, proc, rpc_port, metrics_port, log_path, flags):
@@ -225,26 +229,6 @@ class StandaloneMaster:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as error:
             return error.code, error.read().decode(errors="replace")
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def log(self):
-        try:
-            return Path(self.log_path).read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def stop(self, timeout=5.0):
-        """SIGTERM, then SIGKILL if it does not exit in time. Idempotent."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
-        return self.proc.returncode
 
     def __repr__(self):
         return f"StandaloneMaster(rpc={self.rpc_port}, metrics={self.metrics_port}, pid={self.proc.pid})"
