@@ -1,6 +1,9 @@
 """mooncake-rs: a drop-in implementation of the Mooncake Store Python client.
 
-Use ``from mooncake.store import MooncakeDistributedStore, ReplicateConfig``.
+Use ``from mooncake.store import MooncakeDistributedStore, ReplicateConfig``. As
+upstream's package does, ``mooncake`` itself re-exports the buffer-pool classes.
 """
 
-__all__ = ["store"]
+from mooncake.buffer_pool import BufferPool, RegisteredBufferPool
+
+__all__ = ["store", "BufferPool", "RegisteredBufferPool"]
