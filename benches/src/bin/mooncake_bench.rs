@@ -20,8 +20,19 @@
 //! distributed-KV backend's writes and read-backs on it next to `redis-benchmark` SET
 //! and GET of the same sizes.
 //!
+//! Two sections run only when named: `--sections embedded` starts a real client with
+//! its own master inside this process (Python's `setup()` mode, a `--segment` segment),
+//! registers an ordinary heap buffer and measures `put_from`/`get_into` of 4 KiB,
+//! 1 MiB and 16 MiB, `batch_put_from`/`batch_get_into` of 32 × 4 KiB and 32 × 1 MiB,
+//! and `is_exist` p50/p99; `--sections engine` moves the pages of a 256 MiB host KV
+//! pool registered once (pages of 64 KiB, 256 KiB and 2 MiB, four per key, batches
+//! of 32 keys) with `batch_put_from_multi_buffers`/`batch_get_into_multi_buffers`, as
+//! SGLang HiCache and vLLM do, against the embedded client and against a
+//! `mooncake_client` (pool from the host-memory allocator, then on the heap). Both
+//! print each throughput next to memcpy of the same bytes measured in the same round.
+//!
 //! Usage: `mooncake_bench [--client ADDR] [--repeats N] [--segment SIZE]
-//! [--sections dummy,cluster,master,offload,trace,redis] [--trace FILE]`
+//! [--sections dummy,cluster,master,offload,trace,redis,embedded,engine] [--trace FILE]`
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,6 +41,10 @@ use mooncake_dummy_client::{DummyClient, ReplicateConfig};
 
 #[path = "../cluster.rs"]
 mod cluster;
+#[path = "../embedded.rs"]
+mod embedded;
+#[path = "../engine.rs"]
+mod engine;
 #[path = "../master.rs"]
 mod master;
 #[path = "../offload.rs"]
@@ -40,6 +55,8 @@ mod processes;
 mod redis;
 #[path = "../trace.rs"]
 mod trace;
+#[path = "../workload.rs"]
+mod workload;
 
 struct Options {
     client: Option<String>,
@@ -98,7 +115,7 @@ fn parse_options() -> Result<Options, String> {
             }
             "help" | "h" => {
                 return Err(
-                    "usage: mooncake_bench [--client ADDR] [--repeats N] [--segment SIZE]".into(),
+                    "usage: mooncake_bench [--client ADDR] [--repeats N] [--segment SIZE] [--sections dummy,cluster,master,offload,trace,redis,embedded,engine] [--trace FILE]".into(),
                 );
             }
             other => return Err(format!("unknown option --{other}")),
@@ -264,14 +281,20 @@ fn transfer_round(client: &DummyClient, size: u64, round: usize) -> Result<Trans
     })
 }
 
-fn run(options: &Options) -> Result<(), String> {
-    let (_own, address) = match &options.client {
-        Some(address) => (None, address.clone()),
+/// The real client to measure: `--client`, or a `mooncake_client` started here (stopped
+/// when the returned guard drops).
+fn client_address(options: &Options) -> Result<(Option<OwnClient>, String), String> {
+    match &options.client {
+        Some(address) => Ok((None, address.clone())),
         None => {
             let (own, address) = start_own_client(&options.segment)?;
-            (Some(own), address)
+            Ok((Some(own), address))
         }
-    };
+    }
+}
+
+fn run(options: &Options) -> Result<(), String> {
+    let (_own, address) = client_address(options)?;
     let client =
         DummyClient::setup_dummy(64 << 20, 16 << 20, Some(&address)).map_err(|e| e.to_string())?;
     client
@@ -356,6 +379,15 @@ fn main() {
                 return Err("--sections trace needs --trace FILE (a JSONL request trace)".into());
             }
             trace::run(&options.trace, &offload::scratch_dir())?;
+        }
+        if options.sections.iter().any(|s| s == "embedded") {
+            embedded::run(options.repeats, &options.segment)?;
+        }
+        if options.sections.iter().any(|s| s == "engine") {
+            engine::embedded(options.repeats, &options.segment)?;
+            // Started after the embedded half, so that it does not share the machine.
+            let (_own, address) = client_address(&options)?;
+            engine::dummy(options.repeats, &address)?;
         }
         Ok(())
     });
