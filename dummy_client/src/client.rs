@@ -13,9 +13,9 @@ use tarpc::context;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::protocol::address::SocketAddress;
-use mooncake_core::protocol::rpc::{CONTROL_DEADLINE, RealClientRpcClient, StatusReport};
+use mooncake_core::protocol::rpc::{CONTROL_DEADLINE, StatusReport};
 
-use crate::connection::{ConnectError, Identity, Link, Target};
+use crate::connection::{ConnectError, Identity, Link, RealClient, Target};
 use crate::memory::{DummyMemory, StagingBlock};
 
 /// Environment variable naming the real client when `setup_dummy` gets no address.
@@ -173,7 +173,7 @@ impl DummyClient {
     }
 
     /// The RPC client, reconnecting first if the link is down and its backoff elapsed.
-    fn rpc(&self) -> CodeResult<RealClientRpcClient> {
+    fn rpc(&self) -> CodeResult<RealClient> {
         let mut link = self.inner.link.lock();
         if let Link::Up(connected) = &*link
             && connected.peer_hung_up()
@@ -209,7 +209,7 @@ impl DummyClient {
     pub(crate) fn call<T, F>(
         &self,
         timeout: Duration,
-        make: impl FnOnce(RealClientRpcClient, context::Context) -> F,
+        make: impl FnOnce(RealClient, context::Context) -> F,
     ) -> CodeResult<T>
     where
         F: std::future::Future<Output = Result<T, RpcError>>,
@@ -218,7 +218,13 @@ impl DummyClient {
             return Err(ErrorCode::RPC_FAIL);
         }
         let rpc = self.rpc()?;
-        match self.inner.runtime.block_on(make(rpc, deadline(timeout))) {
+        let call = make(rpc, deadline(timeout));
+        let outcome = if self.inner.target.is_in_process() {
+            crate::connection::run_in_process(call)
+        } else {
+            self.inner.runtime.block_on(call)
+        };
+        match outcome {
             Ok(value) => Ok(value),
             Err(error) => {
                 if !matches!(error, RpcError::DeadlineExceeded | RpcError::Server(_)) {
@@ -235,7 +241,7 @@ impl DummyClient {
         &self,
         count: usize,
         timeout: Duration,
-        make: impl FnOnce(RealClientRpcClient, context::Context) -> F,
+        make: impl FnOnce(RealClient, context::Context) -> F,
     ) -> Vec<CodeResult<T>>
     where
         F: std::future::Future<Output = Result<Vec<CodeResult<T>>, RpcError>>,

@@ -22,7 +22,9 @@ use mooncake_core::protocol::handshake::{
     DummyFrame, Purpose, RealFrame, SegmentKind, SegmentRegistration, decode_len, decode_payload,
     encode_frame,
 };
-use mooncake_core::protocol::rpc::RealClientRpcClient;
+use mooncake_core::protocol::rpc::{
+    RealClientRpcClient, RealClientRpcRequest, RealClientRpcResponse,
+};
 use mooncake_shm::SharedMemory;
 use mooncake_shm::fd_passing::{recv_exact_with_fds, send_with_fd};
 
@@ -82,11 +84,42 @@ pub struct Offer {
     pub kind: SegmentKind,
 }
 
+/// How requests reach the real client.
+#[derive(Clone, Debug)]
+pub enum RealClientStub {
+    /// A tarpc channel over the Unix socket.
+    Socket(tarpc::client::Channel<RealClientRpcRequest, RealClientRpcResponse>),
+    /// Direct calls into the real client of this process, on the caller's thread.
+    #[cfg(feature = "embedded")]
+    InProcess(Arc<mooncake_real_client::in_process::DirectSession>),
+}
+
+impl tarpc::client::stub::Stub for RealClientStub {
+    type Req = RealClientRpcRequest;
+    type Resp = RealClientRpcResponse;
+
+    async fn call(
+        &self,
+        ctx: tarpc::context::Context,
+        request: RealClientRpcRequest,
+    ) -> Result<RealClientRpcResponse, tarpc::client::RpcError> {
+        match self {
+            RealClientStub::Socket(channel) => channel.call(ctx, request).await,
+            // Served right here, on the caller's thread (see `run_in_process`).
+            #[cfg(feature = "embedded")]
+            RealClientStub::InProcess(direct) => direct.call_blocking(ctx, request),
+        }
+    }
+}
+
+/// The dummy's RPC client, whichever way it reaches its real client.
+pub type RealClient = RealClientRpcClient<RealClientStub>;
+
 /// A live session with one real client instance.
 #[derive(Debug)]
 pub struct Connected {
     /// The RPC client.
-    pub rpc: RealClientRpcClient,
+    pub rpc: RealClient,
     /// Instance id of the real client.
     pub instance_id: u128,
     /// Name of the real client's segment (its `host:port`).
@@ -300,9 +333,9 @@ pub fn connect(
     stream.set_nonblocking(true).map_err(fail)?;
     let stream = tokio::net::UnixStream::from_std(stream).map_err(fail)?;
     let transport = codec::transport(stream);
-    let rpc = RealClientRpcClient::new(tarpc::client::Config::default(), transport).spawn();
+    let channel = tarpc::client::new(tarpc::client::Config::default(), transport).spawn();
     Ok(Connected {
-        rpc,
+        rpc: RealClientRpcClient::from(RealClientStub::Socket(channel)),
         instance_id,
         segment_name,
         watch: Some(watch),
@@ -339,7 +372,30 @@ impl std::fmt::Display for Target {
     }
 }
 
+/// Runs a call to an in-process real client. Its stub serves the request on this
+/// thread before returning, so the call completes when first polled; a pending poll
+/// (never expected) is polled again after yielding the thread.
+pub fn run_in_process<F: std::future::Future>(call: F) -> F::Output {
+    let mut call = std::pin::pin!(call);
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(output) = call.as_mut().poll(&mut context) {
+            return output;
+        }
+        std::thread::yield_now();
+    }
+}
+
 impl Target {
+    /// True for the real client of this process (calls run on the caller's thread).
+    pub fn is_in_process(&self) -> bool {
+        match self {
+            Target::Socket(_) => false,
+            #[cfg(feature = "embedded")]
+            Target::InProcess(_) => true,
+        }
+    }
+
     /// Opens a session with every offered segment registered. Must run inside the
     /// dummy's runtime (the RPC dispatch is spawned on it).
     pub fn connect(
@@ -367,9 +423,13 @@ impl Target {
 #[cfg(feature = "embedded")]
 impl Connected {
     /// A session with an in-process real client.
-    pub fn in_process(rpc: RealClientRpcClient, instance_id: u128, segment_name: String) -> Self {
+    pub fn in_process(
+        direct: mooncake_real_client::in_process::DirectSession,
+        instance_id: u128,
+        segment_name: String,
+    ) -> Self {
         Connected {
-            rpc,
+            rpc: RealClientRpcClient::from(RealClientStub::InProcess(Arc::new(direct))),
             instance_id,
             segment_name,
             watch: None,

@@ -1,12 +1,12 @@
 //! Embedded mode: the real client runs inside this process (Python `setup()`).
 //!
 //! A [`Host`] owns an in-process real client, served by its own multi-threaded runtime
-//! on a background thread; the dummy client talks to it through an in-memory channel,
-//! so every call takes the same code path as with a separate `mooncake_client`.
+//! on a background thread; the dummy client calls its handlers directly on the
+//! caller's thread (no channel, no serialization), so every call takes the same code
+//! path as with a separate `mooncake_client` past the transport.
 
 use std::sync::Arc;
 
-use mooncake_core::protocol::rpc::RealClientRpcClient;
 use mooncake_real_client::server::ServerState;
 use mooncake_real_client::{RealClient, RealClientConfig, in_process};
 
@@ -35,7 +35,7 @@ impl Host {
         offers: &[Offer],
     ) -> Result<Connected, ConnectError> {
         let memory: Vec<_> = offers.iter().map(|o| Arc::clone(&o.memory)).collect();
-        let transport = in_process::attach(
+        let direct = in_process::attach(
             &self.state,
             &self.runtime,
             identity.client_id,
@@ -43,10 +43,9 @@ impl Host {
             &memory,
         )
         .map_err(|e| Self::refused(e.to_string()))?;
-        let rpc = RealClientRpcClient::new(tarpc::client::Config::default(), transport).spawn();
         let identity_of = &self.state.identity;
         Ok(Connected::in_process(
-            rpc,
+            direct,
             identity_of.instance_id,
             identity_of.segment_name.clone(),
         ))

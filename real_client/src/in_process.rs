@@ -1,33 +1,72 @@
 //! Dummies in the real client's own process (the Python `setup()` embedded mode).
 //!
-//! An in-process dummy registers its shared memory by handing over the mapping itself
-//! (no fd passing) and talks to the handlers through an in-memory tarpc channel, so it
-//! runs exactly the code paths of a dummy in another process, minus the socket.
+//! An in-process dummy registers its memory by handing over the mapping itself (no fd
+//! passing) and calls the handlers directly: a [`DirectSession`] runs each request on
+//! the caller's thread, inside the real client's runtime, with no channel, no
+//! serialization and no thread hand-off. The handlers are the ones a dummy in another
+//! process reaches over its socket, so both modes share every code path past the
+//! transport.
 
 use std::sync::Arc;
 
-use tarpc::transport::channel::{self, UnboundedChannel};
-use tarpc::{ClientMessage, Response};
+use tarpc::client::RpcError;
+use tarpc::context::Context;
+use tarpc::server::Serve;
 
-use mooncake_core::protocol::rpc::{RealClientRpcRequest, RealClientRpcResponse};
+use mooncake_core::protocol::rpc::{RealClientRpc, RealClientRpcRequest, RealClientRpcResponse};
 use mooncake_shm::{SharedMemory, TranslateError};
 
-use crate::server::{ServerState, serve_session};
+use crate::rpc::DummyHandler;
+use crate::server::ServerState;
 use crate::session::Session;
 
-/// The dummy's end of an in-process session.
-pub type InProcessTransport =
-    UnboundedChannel<Response<RealClientRpcResponse>, ClientMessage<RealClientRpcRequest>>;
+/// The session of a dummy in this process. Requests run on the calling thread; the
+/// session ends (its memory released) when this is dropped.
+#[derive(Debug)]
+pub struct DirectSession {
+    handler: DummyHandler,
+    runtime: tokio::runtime::Handle,
+}
 
-/// Opens a session for an in-process dummy with `memory` registered, served on
-/// `runtime` (the real client's). The session ends when the returned transport drops.
+impl DirectSession {
+    /// Serves one request on the calling thread, inside the real client's runtime (so
+    /// timers, sockets and spawned work use its workers), within the request's deadline.
+    /// Must not be called from inside an asynchronous context.
+    pub fn call_blocking(
+        &self,
+        ctx: Context,
+        request: RealClientRpcRequest,
+    ) -> Result<RealClientRpcResponse, RpcError> {
+        let serve = self.handler.clone().serve();
+        let within = ctx
+            .deadline
+            .saturating_duration_since(std::time::Instant::now());
+        self.runtime.block_on(async move {
+            match tokio::time::timeout(within, serve.serve(ctx, request)).await {
+                Ok(answer) => answer.map_err(RpcError::Server),
+                Err(_) => Err(RpcError::DeadlineExceeded),
+            }
+        })
+    }
+}
+
+impl Drop for DirectSession {
+    fn drop(&mut self) {
+        let session = &self.handler.session;
+        self.handler.state.sessions.remove(session);
+        tracing::info!(name = %session.name, "in-process dummy detached");
+    }
+}
+
+/// Opens a session for an in-process dummy with `memory` registered, served on the
+/// caller's threads inside `runtime` (the real client's).
 pub fn attach(
     state: &Arc<ServerState>,
     runtime: &tokio::runtime::Handle,
     client_id: u128,
     name: String,
     memory: &[Arc<SharedMemory>],
-) -> Result<InProcessTransport, TranslateError> {
+) -> Result<DirectSession, TranslateError> {
     let session = Arc::new(Session::new(
         client_id,
         std::process::id(),
@@ -42,9 +81,15 @@ pub fn attach(
     }
     // Registered now, so that a pool segment added right after attaching finds it.
     state.sessions.insert(Arc::clone(&session));
-    let (dummy_end, server_end) = channel::unbounded();
-    runtime.spawn(serve_session(Arc::clone(state), session, server_end));
-    Ok(dummy_end)
+    let info = session.info();
+    tracing::info!(name = %info.name, segments = info.segments, "in-process dummy attached");
+    Ok(DirectSession {
+        handler: DummyHandler {
+            state: Arc::clone(state),
+            session,
+        },
+        runtime: runtime.clone(),
+    })
 }
 
 /// Adds a segment to the in-process session of `client_id` (when its pool grows).

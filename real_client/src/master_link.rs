@@ -13,7 +13,9 @@ use mooncake_core::master::{
     ClientStatus, MasterService, MasterStats, OffloadWork, PutStarted, TaskInfo, TaskWork,
 };
 use mooncake_core::protocol::codec;
-use mooncake_core::protocol::master_rpc::{MASTER_PROTOCOL_VERSION, MasterRpcClient};
+use mooncake_core::protocol::master_rpc::{
+    MASTER_PROTOCOL_VERSION, MAX_MASTER_BATCH, MasterRpcClient,
+};
 use mooncake_core::protocol::rpc::WriteMode;
 use mooncake_core::tenant::Tenant;
 use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
@@ -135,6 +137,34 @@ macro_rules! remote {
     };
 }
 
+/// The only result of a batch of one.
+fn first<T>(results: Vec<CodeResult<T>>) -> CodeResult<T> {
+    results
+        .into_iter()
+        .next()
+        .unwrap_or(Err(ErrorCode::RPC_FAIL))
+}
+
+/// Sends `items` in calls of at most [`MAX_MASTER_BATCH`] items, one after another;
+/// a failed call (or an answer of the wrong length) fails each of its items.
+async fn chunked<I, T, F>(items: Vec<I>, mut call: impl FnMut(Vec<I>) -> F) -> Vec<CodeResult<T>>
+where
+    F: std::future::Future<Output = CodeResult<Vec<CodeResult<T>>>>,
+{
+    let mut results = Vec::with_capacity(items.len());
+    let mut items = items.into_iter().peekable();
+    while items.peek().is_some() {
+        let chunk: Vec<I> = items.by_ref().take(MAX_MASTER_BATCH).collect();
+        let n = chunk.len();
+        match call(chunk).await {
+            Ok(answers) if answers.len() == n => results.extend(answers),
+            Ok(_) => results.extend((0..n).map(|_| Err(ErrorCode::RPC_FAIL))),
+            Err(code) => results.extend((0..n).map(|_| Err(code))),
+        }
+    }
+    results
+}
+
 impl MasterLink {
     /// A link to `kind` for the keys of `tenant`.
     pub fn new(kind: MasterKind, tenant: Tenant) -> Self {
@@ -238,43 +268,89 @@ impl MasterLink {
         config: &ReplicateConfig,
         mode: WriteMode,
     ) -> CodeResult<PutStarted> {
-        let scoped = self.scope(key);
-        let key = scoped.as_ref();
+        first(self.put_start_many(&[(key, size)], config, mode).await)
+    }
+
+    /// Starts writes of `(key, size)` items: one master round trip for the batch.
+    pub async fn put_start_many(
+        &self,
+        items: &[(&str, u64)],
+        config: &ReplicateConfig,
+        mode: WriteMode,
+    ) -> Vec<CodeResult<PutStarted>> {
         match &self.kind {
-            MasterKind::Embedded(m) => match mode {
-                WriteMode::Put => m.put_start(key, size, config),
-                WriteMode::Upsert => m.upsert_start(key, size, config),
-            },
-            MasterKind::Remote(r) => remote!(r, |c| c.put_start(
-                ctx(),
-                key.to_string(),
-                size,
-                config.clone(),
-                mode
-            ))?,
+            MasterKind::Embedded(m) => items
+                .iter()
+                .map(|(key, size)| {
+                    let key = self.scope(key);
+                    match mode {
+                        WriteMode::Put => m.put_start(&key, *size, config),
+                        WriteMode::Upsert => m.upsert_start(&key, *size, config),
+                    }
+                })
+                .collect(),
+            MasterKind::Remote(r) => {
+                let scoped: Vec<(String, u64)> = items
+                    .iter()
+                    .map(|(key, size)| (self.scope(key).into_owned(), *size))
+                    .collect();
+                chunked(scoped, |chunk| async {
+                    remote!(r, |c| c.put_start(ctx(), chunk, config.clone(), mode))
+                })
+                .await
+            }
         }
     }
 
     /// Completes a write.
     pub async fn put_end(&self, key: &str, write_id: u64) -> CodeResult<()> {
-        let scoped = self.scope(key);
-        let key = scoped.as_ref();
+        first(self.put_end_many(&[(key, write_id)]).await)
+    }
+
+    /// Completes writes named by `(key, write id)`: one round trip for the batch.
+    pub async fn put_end_many(&self, items: &[(&str, u64)]) -> Vec<CodeResult<()>> {
         match &self.kind {
-            MasterKind::Embedded(m) => m.put_end(key, write_id),
-            MasterKind::Remote(r) => remote!(r, |c| c.put_end(ctx(), key.to_string(), write_id))?,
+            MasterKind::Embedded(m) => items
+                .iter()
+                .map(|(key, id)| m.put_end(&self.scope(key), *id))
+                .collect(),
+            MasterKind::Remote(r) => {
+                let scoped = self.scope_writes(items);
+                chunked(scoped, |chunk| async {
+                    remote!(r, |c| c.put_end(ctx(), chunk))
+                })
+                .await
+            }
         }
     }
 
     /// Abandons a write.
     pub async fn put_revoke(&self, key: &str, write_id: u64) -> CodeResult<()> {
-        let scoped = self.scope(key);
-        let key = scoped.as_ref();
+        first(self.put_revoke_many(&[(key, write_id)]).await)
+    }
+
+    /// Abandons writes named by `(key, write id)`: one round trip for the batch.
+    pub async fn put_revoke_many(&self, items: &[(&str, u64)]) -> Vec<CodeResult<()>> {
         match &self.kind {
-            MasterKind::Embedded(m) => m.put_revoke(key, write_id),
+            MasterKind::Embedded(m) => items
+                .iter()
+                .map(|(key, id)| m.put_revoke(&self.scope(key), *id))
+                .collect(),
             MasterKind::Remote(r) => {
-                remote!(r, |c| c.put_revoke(ctx(), key.to_string(), write_id))?
+                let scoped = self.scope_writes(items);
+                chunked(scoped, |chunk| async {
+                    remote!(r, |c| c.put_revoke(ctx(), chunk))
+                })
+                .await
             }
         }
+    }
+
+    fn scope_writes(&self, items: &[(&str, u64)]) -> Vec<(String, u64)> {
+        items
+            .iter()
+            .map(|(key, id)| (self.scope(key).into_owned(), *id))
+            .collect()
     }
 
     /// Replicas and lease of a readable object.
@@ -282,16 +358,30 @@ impl MasterLink {
         &self,
         key: &str,
     ) -> CodeResult<(Vec<ReplicaDescriptor>, Duration)> {
-        let scoped = self.scope(key);
-        let key = scoped.as_ref();
+        first(self.get_replica_lists(&[key]).await)
+    }
+
+    /// Replicas and lease of each readable object: one round trip for the batch.
+    pub async fn get_replica_lists(
+        &self,
+        keys: &[&str],
+    ) -> Vec<CodeResult<(Vec<ReplicaDescriptor>, Duration)>> {
         let lease = self.read_lease;
         match &self.kind {
-            MasterKind::Embedded(m) => m.get_replica_list_leased(key, lease),
+            MasterKind::Embedded(m) => keys
+                .iter()
+                .map(|key| m.get_replica_list_leased(&self.scope(key), lease))
+                .collect(),
             MasterKind::Remote(r) => {
                 let lease_ms = lease.map(|l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX));
-                let (replicas, ms) =
-                    remote!(r, |c| c.get_replica_list(ctx(), key.to_string(), lease_ms))??;
-                Ok((replicas, Duration::from_millis(ms)))
+                let scoped: Vec<String> = keys.iter().map(|k| self.scope(k).into_owned()).collect();
+                chunked(scoped, |chunk| async move {
+                    remote!(r, |c| c.get_replica_list(ctx(), chunk, lease_ms))
+                })
+                .await
+                .into_iter()
+                .map(|result| result.map(|(replicas, ms)| (replicas, Duration::from_millis(ms))))
+                .collect()
             }
         }
     }

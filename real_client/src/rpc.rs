@@ -58,46 +58,59 @@ impl DummyHandler {
         ranges.iter().map(|r| self.translate(*r)).collect()
     }
 
-    async fn put_one(
-        &self,
-        item: &PutItem,
-        config: &ReplicateConfig,
-        mode: WriteMode,
-    ) -> CodeResult<()> {
-        let store = &self.state.store;
+    fn payload<'a>(&self, item: &'a PutItem) -> CodeResult<Payload<'a>> {
         match &item.source {
-            PutSource::Inline(bytes) => {
-                store
-                    .put(&item.key, &Payload::Bytes(bytes), config, mode)
-                    .await
-            }
-            PutSource::Shared(ranges) => {
-                let slices = self.translate_all(ranges)?;
-                store
-                    .put(&item.key, &Payload::Slices(slices), config, mode)
-                    .await
-            }
+            PutSource::Inline(bytes) => Ok(Payload::Bytes(bytes)),
+            PutSource::Shared(ranges) => Ok(Payload::Slices(self.translate_all(ranges)?)),
         }
     }
 
-    async fn put_timed(
+    /// Writes a batch of distinct keys: one master round trip to start it and one to
+    /// complete it.
+    async fn put_batch(
         &self,
-        item: &PutItem,
+        items: &[PutItem],
         config: &ReplicateConfig,
         mode: WriteMode,
-    ) -> (CodeResult<()>, std::time::Duration) {
-        let started = Instant::now();
-        (self.put_one(item, config, mode).await, started.elapsed())
+    ) -> Vec<CodeResult<()>> {
+        let mut results: Vec<CodeResult<()>> = vec![Ok(()); items.len()];
+        let mut payloads = Vec::with_capacity(items.len());
+        let mut positions = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            match self.payload(item) {
+                Ok(payload) => {
+                    payloads.push((item.key.as_str(), payload));
+                    positions.push(index);
+                }
+                Err(code) => results[index] = Err(code),
+            }
+        }
+        let written = self.state.store.put_many(&payloads, config, mode).await;
+        for (index, outcome) in positions.into_iter().zip(written) {
+            results[index] = outcome;
+        }
+        results
     }
 
-    async fn get_timed(&self, item: &GetItem) -> (CodeResult<u64>, std::time::Duration) {
-        let started = Instant::now();
-        (self.get_one(item).await, started.elapsed())
-    }
-
-    async fn get_one(&self, item: &GetItem) -> CodeResult<u64> {
-        let dests = self.translate_all(&item.dests)?;
-        self.state.store.get_scatter(&item.key, &dests).await
+    /// Reads a batch: one master round trip for all its lookups.
+    async fn get_batch(&self, items: &[GetItem]) -> Vec<CodeResult<u64>> {
+        let mut results: Vec<CodeResult<u64>> = vec![Ok(0); items.len()];
+        let mut reads = Vec::with_capacity(items.len());
+        let mut positions = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            match self.translate_all(&item.dests) {
+                Ok(dests) => {
+                    reads.push((item.key.as_str(), dests));
+                    positions.push(index);
+                }
+                Err(code) => results[index] = Err(code),
+            }
+        }
+        let copied = self.state.store.get_scatter_many(&reads).await;
+        for (index, outcome) in positions.into_iter().zip(copied) {
+            results[index] = outcome;
+        }
+        results
     }
 
     async fn get_ranges_one(&self, read: &RangeRead) -> Vec<CodeResult<u64>> {
@@ -156,56 +169,37 @@ impl RealClientRpc for DummyHandler {
         config: ReplicateConfig,
         mode: WriteMode,
     ) -> Vec<CodeResult<()>> {
-        // The items of a batch run together, so their master requests travel
-        // pipelined (one round trip for the batch, not one per key); a batch naming a
-        // key twice runs in order, as a sequence of calls would.
-        let this = &self;
-        let outcomes = if has_duplicates(items.iter().map(|i| i.key.as_str())) {
-            let mut outcomes = Vec::with_capacity(items.len());
+        let started = Instant::now();
+        // A batch naming a key twice runs in order, as a sequence of calls would.
+        let results = if has_duplicates(items.iter().map(|i| i.key.as_str())) {
+            let mut results = Vec::with_capacity(items.len());
             for item in &items {
-                outcomes.push(this.put_timed(item, &config, mode).await);
-            }
-            outcomes
-        } else {
-            futures::future::join_all(items.iter().map(|item| this.put_timed(item, &config, mode)))
-                .await
-        };
-        items
-            .iter()
-            .zip(outcomes)
-            .map(|(item, (result, elapsed))| {
-                let bytes = match &item.source {
-                    PutSource::Inline(b) => b.len() as u64,
-                    PutSource::Shared(ranges) => ranges.iter().map(|r| r.len).sum(),
-                };
-                self.state.metrics.record(
-                    Op::Put,
-                    elapsed,
-                    if result.is_ok() { bytes } else { 0 },
-                    &result,
+                results.extend(
+                    self.put_batch(std::slice::from_ref(item), &config, mode)
+                        .await,
                 );
-                result
-            })
-            .collect()
+            }
+            results
+        } else {
+            self.put_batch(&items, &config, mode).await
+        };
+        let each = started.elapsed() / u32::try_from(items.len().max(1)).unwrap_or(u32::MAX);
+        for (item, result) in items.iter().zip(&results) {
+            let bytes = match &item.source {
+                PutSource::Inline(b) => b.len() as u64,
+                PutSource::Shared(ranges) => ranges.iter().map(|r| r.len).sum(),
+            };
+            let moved = if result.is_ok() { bytes } else { 0 };
+            self.state.metrics.record(Op::Put, each, moved, result);
+        }
+        results
     }
 
     async fn get(self, _: Context, items: Vec<GetItem>) -> Vec<CodeResult<u64>> {
-        // As for puts: the lookups of a batch travel pipelined.
-        let this = &self;
-        let outcomes =
-            futures::future::join_all(items.iter().map(|item| this.get_timed(item))).await;
-        outcomes
-            .into_iter()
-            .map(|(result, elapsed)| {
-                self.state.metrics.record(
-                    Op::Get,
-                    elapsed,
-                    *result.as_ref().unwrap_or(&0),
-                    &result,
-                );
-                result
-            })
-            .collect()
+        let started = Instant::now();
+        let results = self.get_batch(&items).await;
+        self.record_all(Op::Get, started, &results, |n| *n);
+        results
     }
 
     async fn get_ranges(self, _: Context, reads: Vec<RangeRead>) -> Vec<Vec<CodeResult<u64>>> {

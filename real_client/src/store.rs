@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
-use mooncake_core::master::TaskWork;
+use mooncake_core::master::{PutStarted, TaskWork};
 use mooncake_core::protocol::rpc::WriteMode;
 use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicateConfig};
 use mooncake_shm::MemSlice;
@@ -195,16 +195,69 @@ impl Store {
     pub async fn put(
         &self,
         key: &str,
-        payload: &Payload<'_>,
+        payload: Payload<'_>,
         config: &ReplicateConfig,
         mode: WriteMode,
     ) -> CodeResult<()> {
-        let size = payload.total_len().ok_or(ErrorCode::INVALID_PARAMS)?;
-        let started = match self.master.put_start(key, size, config, mode).await {
-            Ok(started) => started,
-            Err(ErrorCode::OBJECT_ALREADY_EXISTS) if mode == WriteMode::Put => return Ok(()),
-            Err(code) => return Err(code),
-        };
+        self.put_many(&[(key, payload)], config, mode)
+            .await
+            .pop()
+            .unwrap_or(Err(ErrorCode::INTERNAL_ERROR))
+    }
+
+    /// Writes each `(key, payload)` as [`put`](Self::put) does, with one master round
+    /// trip to start the whole batch and one to complete it. Keys must be distinct.
+    /// One result per item, in order.
+    pub async fn put_many(
+        &self,
+        items: &[(&str, Payload<'_>)],
+        config: &ReplicateConfig,
+        mode: WriteMode,
+    ) -> Vec<CodeResult<()>> {
+        let mut results: Vec<CodeResult<()>> = vec![Ok(()); items.len()];
+        let mut starts = Vec::with_capacity(items.len());
+        let mut positions = Vec::with_capacity(items.len());
+        for (index, (key, payload)) in items.iter().enumerate() {
+            match payload.total_len() {
+                Some(size) => {
+                    starts.push((*key, size));
+                    positions.push(index);
+                }
+                None => results[index] = Err(ErrorCode::INVALID_PARAMS),
+            }
+        }
+        let started = self.master.put_start_many(&starts, config, mode).await;
+        let (mut ended, mut ended_at, mut revoked) = (Vec::new(), Vec::new(), Vec::new());
+        for ((index, (key, _)), outcome) in positions.into_iter().zip(starts).zip(started) {
+            match outcome {
+                Ok(started) => match self.write_replicas(&started, &items[index].1) {
+                    Ok(()) => {
+                        ended.push((key, started.write_id));
+                        ended_at.push(index);
+                    }
+                    Err(code) => {
+                        results[index] = Err(code);
+                        revoked.push((key, started.write_id));
+                    }
+                },
+                Err(ErrorCode::OBJECT_ALREADY_EXISTS) if mode == WriteMode::Put => {}
+                Err(code) => results[index] = Err(code),
+            }
+        }
+        if !revoked.is_empty() {
+            let _ = self.master.put_revoke_many(&revoked).await;
+        }
+        if !ended.is_empty() {
+            let outcomes = self.master.put_end_many(&ended).await;
+            for (index, outcome) in ended_at.into_iter().zip(outcomes) {
+                results[index] = outcome;
+            }
+        }
+        results
+    }
+
+    /// Copies `payload` into every replica a started write was given.
+    fn write_replicas(&self, started: &PutStarted, payload: &Payload<'_>) -> CodeResult<()> {
         let staged;
         let payload = match payload {
             // Bytes bound for a peer travel from a shared buffer of this process.
@@ -214,22 +267,15 @@ impl Store {
                     .iter()
                     .any(|r| matches!(self.place(r), Ok(Place::Remote { .. }))) =>
             {
-                staged = stage_bytes(bytes)?;
-                &Payload::Slices(vec![staged])
+                staged = Payload::Slices(vec![stage_bytes(bytes)?]);
+                &staged
             }
             other => other,
         };
-        let written = started
+        started
             .replicas
             .iter()
-            .try_for_each(|replica| self.write_replica(replica, payload));
-        match written {
-            Ok(()) => self.master.put_end(key, started.write_id).await,
-            Err(code) => {
-                let _ = self.master.put_revoke(key, started.write_id).await;
-                Err(code)
-            }
-        }
+            .try_for_each(|replica| self.write_replica(replica, payload))
     }
 
     /// Copies the object into `dest`, which must be at least as large (else
@@ -241,24 +287,7 @@ impl Store {
     /// Copies the object into `dests` in order (each filled before the next); together
     /// they must hold the whole object (else `BUFFER_OVERFLOW`). Returns the object size.
     pub async fn get_scatter(&self, key: &str, dests: &[MemSlice]) -> CodeResult<u64> {
-        let pieces = |size: u64| -> CodeResult<Vec<(u64, MemSlice)>> {
-            let capacity = dests.iter().map(|d| d.len() as u64).sum::<u64>();
-            if capacity < size {
-                return Err(ErrorCode::BUFFER_OVERFLOW);
-            }
-            let mut offset = 0u64;
-            let mut pieces = Vec::with_capacity(dests.len());
-            for dest in dests {
-                if offset == size {
-                    break;
-                }
-                let len = (dest.len() as u64).min(size - offset);
-                pieces.push((offset, dest.sub(0, len).ok_or(ErrorCode::INTERNAL_ERROR)?));
-                offset += len;
-            }
-            Ok(pieces)
-        };
-        self.read(key, pieces).await
+        self.read(key, |size| scatter(dests, size)).await
     }
 
     /// Copies the whole object into a new vector.
@@ -337,15 +366,42 @@ impl Store {
         plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, MemSlice)>>,
     ) -> CodeResult<u64> {
         let before = Instant::now();
-        let stored_key = link.scope(key);
-        let (mut replicas, lease) = link.get_replica_list(key).await?;
+        let located = link.get_replica_list(key).await?;
+        self.read_located(&link.scope(key), located, before, plan)
+    }
+
+    /// Copies each object into its destinations as
+    /// [`get_scatter`](Self::get_scatter) does, with one master round trip for the
+    /// whole batch. One result (the object size) per item, in order.
+    pub async fn get_scatter_many(&self, items: &[(&str, Vec<MemSlice>)]) -> Vec<CodeResult<u64>> {
+        let before = Instant::now();
+        let keys: Vec<&str> = items.iter().map(|(key, _)| *key).collect();
+        let located = self.master.get_replica_lists(&keys).await;
+        items
+            .iter()
+            .zip(located)
+            .map(|((key, dests), located)| {
+                let stored_key = self.master.scope(key);
+                self.read_located(&stored_key, located?, before, |size| scatter(dests, size))
+            })
+            .collect()
+    }
+
+    /// Copies from the replicas the master named (asked at `before`, with its lease).
+    fn read_located(
+        &self,
+        stored_key: &str,
+        (mut replicas, lease): (Vec<ReplicaDescriptor>, std::time::Duration),
+        before: Instant,
+        plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, MemSlice)>>,
+    ) -> CodeResult<u64> {
         // This node's replica first (a memcpy), then the peers' in the master's order.
         replicas.sort_by_key(|r| !matches!(self.place(r), Ok(Place::Local(_))));
         let size = replicas.first().ok_or(ErrorCode::REPLICA_NOT_FOUND)?.size;
         let pieces = plan(size)?;
         let mut outcome = Err(ErrorCode::REPLICA_NOT_FOUND);
         for replica in &replicas {
-            outcome = self.copy_from(replica, &pieces, &stored_key);
+            outcome = self.copy_from(replica, &pieces, stored_key);
             match outcome {
                 // A peer that died since the master answered: try the next replica.
                 Err(ErrorCode::TRANSFER_FAIL) => continue,
@@ -358,6 +414,26 @@ impl Store {
         }
         Ok(size)
     }
+}
+
+/// The `(object offset, destination)` pieces that fill `dests` in order with an object
+/// of `size` bytes; `BUFFER_OVERFLOW` when they hold less.
+fn scatter(dests: &[MemSlice], size: u64) -> CodeResult<Vec<(u64, MemSlice)>> {
+    let capacity = dests.iter().map(|d| d.len() as u64).sum::<u64>();
+    if capacity < size {
+        return Err(ErrorCode::BUFFER_OVERFLOW);
+    }
+    let mut offset = 0u64;
+    let mut pieces = Vec::with_capacity(dests.len());
+    for dest in dests {
+        if offset == size {
+            break;
+        }
+        let len = (dest.len() as u64).min(size - offset);
+        pieces.push((offset, dest.sub(0, len).ok_or(ErrorCode::INTERNAL_ERROR)?));
+        offset += len;
+    }
+    Ok(pieces)
 }
 
 impl Store {

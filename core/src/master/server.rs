@@ -11,7 +11,9 @@ use tokio::sync::watch;
 
 use crate::error::{CodeResult, ErrorCode};
 use crate::protocol::codec;
-use crate::protocol::master_rpc::{MASTER_PROTOCOL_VERSION, MasterHello, MasterRpc};
+use crate::protocol::master_rpc::{
+    MASTER_PROTOCOL_VERSION, MAX_MASTER_BATCH, MasterHello, MasterRpc,
+};
 use crate::protocol::rpc::WriteMode;
 use crate::tenant::Tenant;
 use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
@@ -74,6 +76,23 @@ impl MasterHandler {
         result
     }
 
+    /// Applies `apply` to each `(key, write id)` of a batch and counts each outcome.
+    fn each_write(
+        &self,
+        op: RpcOp,
+        items: &[(String, u64)],
+        apply: impl Fn(&str, u64) -> CodeResult<()>,
+    ) -> Vec<CodeResult<()>> {
+        if items.len() > MAX_MASTER_BATCH {
+            return vec![Err(ErrorCode::INVALID_PARAMS); items.len()];
+        }
+        let started = Instant::now();
+        items
+            .iter()
+            .map(|(key, id)| self.counted(op, started, 0, apply(key, *id)))
+            .collect()
+    }
+
     /// Counts each item of a batch call of `op`.
     fn counted_all<T>(
         &self,
@@ -134,48 +153,62 @@ impl MasterRpc for MasterHandler {
     async fn put_start(
         self,
         _: Context,
-        key: String,
-        size: u64,
+        items: Vec<(String, u64)>,
         config: ReplicateConfig,
         mode: WriteMode,
-    ) -> CodeResult<PutStarted> {
+    ) -> Vec<CodeResult<PutStarted>> {
+        if items.len() > MAX_MASTER_BATCH {
+            return vec![Err(ErrorCode::INVALID_PARAMS); items.len()];
+        }
         let started = Instant::now();
-        let result = match mode {
-            WriteMode::Put => self.master.put_start(&key, size, &config),
-            WriteMode::Upsert => self.master.upsert_start(&key, size, &config),
-        };
-        let bytes = if result.is_ok() { size } else { 0 };
-        self.counted(RpcOp::PutStart, started, bytes, result)
+        items
+            .iter()
+            .map(|(key, size)| {
+                let result = match mode {
+                    WriteMode::Put => self.master.put_start(key, *size, &config),
+                    WriteMode::Upsert => self.master.upsert_start(key, *size, &config),
+                };
+                let bytes = if result.is_ok() { *size } else { 0 };
+                self.counted(RpcOp::PutStart, started, bytes, result)
+            })
+            .collect()
     }
 
-    async fn put_end(self, _: Context, key: String, write_id: u64) -> CodeResult<()> {
-        let started = Instant::now();
-        let result = self.master.put_end(&key, write_id);
-        self.counted(RpcOp::PutEnd, started, 0, result)
+    async fn put_end(self, _: Context, items: Vec<(String, u64)>) -> Vec<CodeResult<()>> {
+        self.each_write(RpcOp::PutEnd, &items, |key, id| {
+            self.master.put_end(key, id)
+        })
     }
 
-    async fn put_revoke(self, _: Context, key: String, write_id: u64) -> CodeResult<()> {
-        let started = Instant::now();
-        let result = self.master.put_revoke(&key, write_id);
-        self.counted(RpcOp::PutRevoke, started, 0, result)
+    async fn put_revoke(self, _: Context, items: Vec<(String, u64)>) -> Vec<CodeResult<()>> {
+        self.each_write(RpcOp::PutRevoke, &items, |key, id| {
+            self.master.put_revoke(key, id)
+        })
     }
 
     async fn get_replica_list(
         self,
         _: Context,
-        key: String,
+        keys: Vec<String>,
         lease_ms: Option<u64>,
-    ) -> CodeResult<(Vec<ReplicaDescriptor>, u64)> {
+    ) -> Vec<CodeResult<(Vec<ReplicaDescriptor>, u64)>> {
+        if keys.len() > MAX_MASTER_BATCH {
+            return vec![Err(ErrorCode::INVALID_PARAMS); keys.len()];
+        }
         let started = Instant::now();
         let lease = lease_ms.map(Duration::from_millis);
-        let result = self
-            .master
-            .get_replica_list_leased(&key, lease)
-            .map(|(replicas, lease)| {
-                let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
-                (replicas, lease_ms)
-            });
-        self.counted(RpcOp::GetReplicaList, started, 0, result)
+        keys.iter()
+            .map(|key| {
+                let result =
+                    self.master
+                        .get_replica_list_leased(key, lease)
+                        .map(|(replicas, lease)| {
+                            let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+                            (replicas, lease_ms)
+                        });
+                self.counted(RpcOp::GetReplicaList, started, 0, result)
+            })
+            .collect()
     }
 
     async fn exist(self, _: Context, keys: Vec<String>) -> Vec<CodeResult<bool>> {

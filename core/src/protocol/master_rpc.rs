@@ -8,7 +8,11 @@ use crate::protocol::rpc::WriteMode;
 use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 /// Version of the master protocol; clients and master must agree exactly.
-pub const MASTER_PROTOCOL_VERSION: u32 = 4;
+pub const MASTER_PROTOCOL_VERSION: u32 = 5;
+
+/// Most items one batch call may carry; a larger batch is refused with
+/// `INVALID_PARAMS` for every item (clients split their batches at this size).
+pub const MAX_MASTER_BATCH: usize = 4096;
 
 /// Answer to [`MasterRpc::hello`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,23 +41,24 @@ pub trait MasterRpc {
     async fn unmount_client(client: u128) -> CodeResult<()>;
     /// Liveness; `NeedRemount` when the master does not know the client.
     async fn heartbeat(client: u128) -> ClientStatus;
-    /// Starts a write (put or upsert).
+    /// Starts writes (puts or upserts) of `(key, size)` items: one result per item, in
+    /// order.
     async fn put_start(
-        key: String,
-        size: u64,
+        items: Vec<(String, u64)>,
         config: ReplicateConfig,
         mode: WriteMode,
-    ) -> CodeResult<PutStarted>;
-    /// Completes a write.
-    async fn put_end(key: String, write_id: u64) -> CodeResult<()>;
-    /// Abandons a write.
-    async fn put_revoke(key: String, write_id: u64) -> CodeResult<()>;
-    /// Replicas of a readable object and the lease length in ms; grants a lease.
-    /// `lease_ms` asks for a shorter lease than the default (`None`: the default).
+    ) -> Vec<CodeResult<PutStarted>>;
+    /// Completes writes, each named by `(key, write id)`.
+    async fn put_end(items: Vec<(String, u64)>) -> Vec<CodeResult<()>>;
+    /// Abandons writes, each named by `(key, write id)`.
+    async fn put_revoke(items: Vec<(String, u64)>) -> Vec<CodeResult<()>>;
+    /// For each key: the replicas of the readable object and the lease length in ms;
+    /// grants a lease. `lease_ms` asks for a shorter lease than the default (`None`:
+    /// the default).
     async fn get_replica_list(
-        key: String,
+        keys: Vec<String>,
         lease_ms: Option<u64>,
-    ) -> CodeResult<(Vec<ReplicaDescriptor>, u64)>;
+    ) -> Vec<CodeResult<(Vec<ReplicaDescriptor>, u64)>>;
     /// Existence per key (grants leases).
     async fn exist(keys: Vec<String>) -> Vec<CodeResult<bool>>;
     /// Size of an object.
