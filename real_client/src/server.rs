@@ -5,8 +5,7 @@ use std::os::unix::net::{UnixListener as StdListener, UnixStream as StdStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use tarpc::server::{BaseChannel, Channel};
+use tarpc::server::BaseChannel;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
@@ -15,6 +14,7 @@ use mooncake_core::protocol::codec;
 use mooncake_core::protocol::rpc::{
     RealClientRpc, RealClientRpcRequest, RealClientRpcResponse, StatusReport,
 };
+use mooncake_core::protocol::serving::serve_connection;
 use mooncake_shm::fd_passing::{PeerCredentials, peer_credentials};
 
 use crate::handshake::{self, Outcome, ServerIdentity};
@@ -214,14 +214,31 @@ where
         state: Arc::clone(&state),
         session: Arc::clone(&session),
     };
-    BaseChannel::with_defaults(transport)
-        .execute(handler.serve())
-        .for_each(|request| async {
-            tokio::spawn(request);
-        })
-        .await;
+    serve_connection(
+        BaseChannel::with_defaults(transport),
+        handler.serve(),
+        is_quick,
+        |request, serve| {
+            tokio::spawn(request.execute(serve));
+        },
+    )
+    .await;
     state.sessions.remove(&session);
     tracing::info!(pid = info.pid, name = %info.name, "dummy detached; its shared memory is released");
+}
+
+/// Calls that only ask the master (embedded: a function call) run in the session's
+/// task; calls that copy payload or scan the index run in tasks of their own.
+fn is_quick(request: &RealClientRpcRequest) -> bool {
+    matches!(
+        request,
+        RealClientRpcRequest::Ping { .. }
+            | RealClientRpcRequest::Exist { .. }
+            | RealClientRpcRequest::ObjectSize { .. }
+            | RealClientRpcRequest::ReplicaDesc { .. }
+            | RealClientRpcRequest::Remove { .. }
+            | RealClientRpcRequest::QueryTask { .. }
+    )
 }
 
 fn handshake_blocking(

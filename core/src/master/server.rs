@@ -3,18 +3,18 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use tarpc::context::Context;
-use tarpc::server::{BaseChannel, Channel};
+use tarpc::server::BaseChannel;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::error::{CodeResult, ErrorCode};
 use crate::protocol::codec;
 use crate::protocol::master_rpc::{
-    MASTER_PROTOCOL_VERSION, MAX_MASTER_BATCH, MasterHello, MasterRpc,
+    MASTER_PROTOCOL_VERSION, MAX_MASTER_BATCH, MasterHello, MasterRpc, MasterRpcRequest,
 };
 use crate::protocol::rpc::WriteMode;
+use crate::protocol::serving::serve_connection;
 use crate::tenant::Tenant;
 use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
@@ -338,14 +338,14 @@ pub async fn serve(
                     let _ = stream.set_nodelay(true);
                     tracing::debug!(%peer, "master connection");
                     let handler = handler.clone();
-                    tokio::spawn(async move {
-                        BaseChannel::with_defaults(codec::transport(stream))
-                            .execute(handler.serve())
-                            .for_each(|request| async {
-                                tokio::spawn(request);
-                            })
-                            .await;
-                    });
+                    tokio::spawn(serve_connection(
+                        BaseChannel::with_defaults(codec::transport(stream)),
+                        handler.serve(),
+                        is_quick,
+                        |request, serve| {
+                            tokio::spawn(request.execute(serve));
+                        },
+                    ));
                 }
                 Err(error) => {
                     tracing::warn!(%error, "master accept failed");
@@ -355,6 +355,14 @@ pub async fn serve(
             () = crate::process::stop_requested(&mut shutdown) => break,
         }
     }
+}
+
+/// Every master call answers from memory at once, except the scans of the whole index.
+fn is_quick(request: &MasterRpcRequest) -> bool {
+    !matches!(
+        request,
+        MasterRpcRequest::RemoveByRegex { .. } | MasterRpcRequest::RemoveAll { .. }
+    )
 }
 
 /// Runs [`MasterService::maintenance`] every [`MAINTENANCE_INTERVAL`] until `shutdown`.

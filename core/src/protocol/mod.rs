@@ -10,6 +10,7 @@ pub mod codec;
 pub mod handshake;
 pub mod master_rpc;
 pub mod rpc;
+pub mod serving;
 
 /// Version of the dummy ↔ real protocol; both sides must agree exactly.
 pub const PROTOCOL_VERSION: u32 = 3;

@@ -17,6 +17,21 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// Idle connections kept per peer.
 const POOL_PER_PEER: usize = 8;
+/// Requests sent on one connection before their answers are read. The peer answers in
+/// order; a window's requests (32 bytes each) always fit in the socket buffers, so
+/// neither side blocks the other.
+const PIPELINE_WINDOW: usize = 64;
+
+/// One copy between local memory and a range of a peer's segment.
+#[derive(Clone, Copy, Debug)]
+pub struct Transfer<'a> {
+    /// The peer's segment id.
+    pub segment: u64,
+    /// Offset in that segment.
+    pub offset: u64,
+    /// The local memory: read from for a write, filled by a read.
+    pub local: &'a MemSlice,
+}
 
 /// Connections to peers' transfer servers, reused across transfers.
 #[derive(Debug, Default)]
@@ -60,16 +75,12 @@ impl TransferClient {
         offset: u64,
         dest: &MemSlice,
     ) -> CodeResult<()> {
-        self.transfer(
-            endpoint,
-            Request {
-                op: Op::Read,
-                segment,
-                offset,
-                len: dest.len() as u64,
-            },
-            dest,
-        )
+        let transfer = Transfer {
+            segment,
+            offset,
+            local: dest,
+        };
+        first(self.read_many(endpoint, &[transfer]))
     }
 
     /// Copies `source` into the peer's segment at `offset`.
@@ -80,16 +91,80 @@ impl TransferClient {
         offset: u64,
         source: &MemSlice,
     ) -> CodeResult<()> {
-        self.transfer(
-            endpoint,
-            Request {
-                op: Op::Write,
-                segment,
-                offset,
-                len: source.len() as u64,
-            },
-            source,
-        )
+        let transfer = Transfer {
+            segment,
+            offset,
+            local: source,
+        };
+        first(self.write_many(endpoint, &[transfer]))
+    }
+
+    /// Reads every transfer from the peer into its local memory, pipelined on one
+    /// connection: requests go out a window at a time before their answers are read.
+    /// One result per transfer, in order.
+    pub fn read_many(&self, endpoint: &str, transfers: &[Transfer<'_>]) -> Vec<CodeResult<()>> {
+        self.pipelined(endpoint, Op::Read, transfers)
+    }
+
+    /// Writes every transfer's local memory into the peer's segment, pipelined as in
+    /// [`read_many`](Self::read_many).
+    pub fn write_many(&self, endpoint: &str, transfers: &[Transfer<'_>]) -> Vec<CodeResult<()>> {
+        self.pipelined(endpoint, Op::Write, transfers)
+    }
+
+    fn pipelined(&self, endpoint: &str, op: Op, transfers: &[Transfer<'_>]) -> Vec<CodeResult<()>> {
+        let mut results = Vec::with_capacity(transfers.len());
+        for window in transfers.chunks(PIPELINE_WINDOW) {
+            match self.pipeline_window(endpoint, op, window) {
+                Ok(answers) => results.extend(answers),
+                Err(code) => results.extend(window.iter().map(|_| Err(code))),
+            }
+        }
+        results
+    }
+
+    /// Sends a window of requests (with their payloads, for writes), then reads the
+    /// answers in order (with their payloads, for reads). A broken or desynchronized
+    /// connection fails the whole window and is dropped; a peer's refusal of one
+    /// request fails only that one.
+    fn pipeline_window(
+        &self,
+        endpoint: &str,
+        op: Op,
+        window: &[Transfer<'_>],
+    ) -> CodeResult<Vec<CodeResult<()>>> {
+        let mut stream = self.checkout(endpoint)?;
+        let io = |e: std::io::Error| {
+            tracing::warn!(endpoint, error = %e, "transfer failed");
+            ErrorCode::TRANSFER_FAIL
+        };
+        for transfer in window {
+            let request = Request {
+                op,
+                segment: transfer.segment,
+                offset: transfer.offset,
+                len: transfer.local.len() as u64,
+            };
+            std::io::Write::write_all(&mut stream, &request.encode()).map_err(io)?;
+            if op == Op::Write {
+                transfer.local.send_to(&stream).map_err(io)?;
+            }
+        }
+        let mut answers = Vec::with_capacity(window.len());
+        for transfer in window {
+            match read_response(&mut stream).map_err(|_| ErrorCode::TRANSFER_FAIL)? {
+                Ok(len) if len == transfer.local.len() as u64 => {
+                    if op == Op::Read {
+                        transfer.local.recv_from(&stream).map_err(io)?;
+                    }
+                    answers.push(Ok(()));
+                }
+                Ok(_) => return Err(ErrorCode::TRANSFER_FAIL),
+                Err(code) => answers.push(Err(code)),
+            }
+        }
+        self.checkin(endpoint, stream);
+        Ok(answers)
     }
 
     /// Reads the object stored under `key` on the peer's SSD tier.
@@ -143,40 +218,14 @@ impl TransferClient {
         self.checkin(endpoint, stream);
         Ok(())
     }
+}
 
-    fn transfer(&self, endpoint: &str, request: Request, local: &MemSlice) -> CodeResult<()> {
-        let mut stream = self.checkout(endpoint)?;
-        let io = |e: std::io::Error| {
-            tracing::warn!(endpoint, error = %e, "transfer failed");
-            ErrorCode::TRANSFER_FAIL
-        };
-        std::io::Write::write_all(&mut stream, &request.encode()).map_err(io)?;
-        let status = match request.op {
-            Op::Write => {
-                local.send_to(&stream).map_err(io)?;
-                read_response(&mut stream).map_err(|_| ErrorCode::TRANSFER_FAIL)?
-            }
-            Op::Read => {
-                let status = read_response(&mut stream).map_err(|_| ErrorCode::TRANSFER_FAIL)?;
-                if status.is_ok() {
-                    local.recv_from(&stream).map_err(io)?;
-                }
-                status
-            }
-            Op::ReadDisk => return Err(ErrorCode::INVALID_PARAMS),
-        };
-        match status {
-            Ok(len) if len == request.len => {
-                self.checkin(endpoint, stream);
-                Ok(())
-            }
-            Ok(_) => Err(ErrorCode::TRANSFER_FAIL),
-            Err(code) => {
-                self.checkin(endpoint, stream);
-                Err(code)
-            }
-        }
-    }
+/// The only result of a batch of one.
+fn first(results: Vec<CodeResult<()>>) -> CodeResult<()> {
+    results
+        .into_iter()
+        .next()
+        .unwrap_or(Err(ErrorCode::TRANSFER_FAIL))
 }
 
 /// Logs a failed disk read from a peer; its error code.
