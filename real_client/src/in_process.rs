@@ -30,7 +30,8 @@ pub struct DirectSession {
 
 impl DirectSession {
     /// Serves one request on the calling thread, inside the real client's runtime (so
-    /// timers, sockets and spawned work use its workers), within the request's deadline.
+    /// timers, sockets and spawned work use its workers), within the request's deadline;
+    /// its calls to a remote master go out from this thread too.
     /// Must not be called from inside an asynchronous context.
     pub fn call_blocking(
         &self,
@@ -41,11 +42,13 @@ impl DirectSession {
         let within = ctx
             .deadline
             .saturating_duration_since(std::time::Instant::now());
-        self.runtime.block_on(async move {
-            match tokio::time::timeout(within, serve.serve(ctx, request)).await {
-                Ok(answer) => answer.map_err(RpcError::Server),
-                Err(_) => Err(RpcError::DeadlineExceeded),
-            }
+        crate::master_link::as_caller_thread(|| {
+            self.runtime.block_on(async move {
+                match tokio::time::timeout(within, serve.serve(ctx, request)).await {
+                    Ok(answer) => answer.map_err(RpcError::Server),
+                    Err(_) => Err(RpcError::DeadlineExceeded),
+                }
+            })
         })
     }
 }

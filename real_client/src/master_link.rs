@@ -12,9 +12,10 @@ use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master::{
     ClientStatus, MasterService, MasterStats, OffloadWork, PutStarted, TaskInfo, TaskWork,
 };
+use mooncake_core::protocol::blocking::{BlockingCallError, BlockingClient};
 use mooncake_core::protocol::codec;
 use mooncake_core::protocol::master_rpc::{
-    MASTER_PROTOCOL_VERSION, MAX_MASTER_BATCH, MasterRpcClient,
+    MASTER_PROTOCOL_VERSION, MAX_MASTER_BATCH, MasterRpcClient, MasterRpcRequest, MasterRpcResponse,
 };
 use mooncake_core::protocol::rpc::WriteMode;
 use mooncake_core::tenant::Tenant;
@@ -23,11 +24,41 @@ use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 /// Deadline of one call to a remote master.
 const MASTER_DEADLINE: Duration = Duration::from_secs(10);
 
-/// A remote master and the current connection to it.
+/// Most idle blocking connections kept for callers' threads.
+const MAX_IDLE_BLOCKING: usize = 16;
+
+/// A blocking connection to the master.
+type BlockingMaster = BlockingClient<MasterRpcRequest, MasterRpcResponse>;
+
+/// A remote master and the current connections to it: a tarpc client for the
+/// runtime's tasks, and blocking connections for application threads (embedded mode).
 #[derive(Debug)]
 pub struct RemoteMaster {
     address: String,
     connection: Mutex<Option<MasterRpcClient>>,
+    blocking: parking_lot::Mutex<Vec<BlockingMaster>>,
+}
+
+thread_local! {
+    static ON_CALLER_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `work` with this thread marked as an application's calling thread: master
+/// calls made meanwhile use a blocking connection on this thread (one wake-up per round
+/// trip) instead of the runtime's tarpc client.
+pub fn as_caller_thread<T>(work: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            ON_CALLER_THREAD.with(|flag| flag.set(self.0));
+        }
+    }
+    let _reset = Reset(ON_CALLER_THREAD.with(|flag| flag.replace(true)));
+    work()
+}
+
+fn on_caller_thread() -> bool {
+    ON_CALLER_THREAD.with(std::cell::Cell::get)
 }
 
 /// Where the master is.
@@ -70,6 +101,7 @@ impl RemoteMaster {
         RemoteMaster {
             address,
             connection: Mutex::new(None),
+            blocking: parking_lot::Mutex::new(Vec::new()),
         }
     }
 
@@ -114,6 +146,65 @@ impl RemoteMaster {
 
     async fn forget(&self) {
         *self.connection.lock().await = None;
+    }
+
+    /// Opens a blocking connection and checks the master's protocol version.
+    fn connect_blocking(&self) -> CodeResult<BlockingMaster> {
+        let address = std::net::ToSocketAddrs::to_socket_addrs(&self.address)
+            .ok()
+            .and_then(|mut addresses| addresses.next())
+            .ok_or(ErrorCode::RPC_FAIL)?;
+        let stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(3))
+            .map_err(|error| {
+                tracing::debug!(address = %self.address, %error, "cannot reach the master");
+                ErrorCode::RPC_FAIL
+            })?;
+        let mut client = BlockingClient::new(stream).map_err(|_| ErrorCode::RPC_FAIL)?;
+        let hello = MasterRpcRequest::Hello {
+            version: MASTER_PROTOCOL_VERSION,
+        };
+        match client.call(hello, MASTER_DEADLINE) {
+            Ok(MasterRpcResponse::Hello(answer)) => answer.map(|_| client),
+            Ok(_) => Err(ErrorCode::RPC_FAIL),
+            Err(error) => Err(blocking_error(&error)),
+        }
+    }
+
+    /// Calls the master on this thread over a pooled blocking connection; a failed
+    /// connection is dropped (the next call opens another).
+    fn call_blocking(&self, request: MasterRpcRequest) -> CodeResult<MasterRpcResponse> {
+        let pooled = self.blocking.lock().pop();
+        let mut client = match pooled {
+            Some(client) => client,
+            None => self.connect_blocking()?,
+        };
+        match client.call(request, MASTER_DEADLINE) {
+            Ok(answer) => {
+                let mut idle = self.blocking.lock();
+                if idle.len() < MAX_IDLE_BLOCKING {
+                    idle.push(client);
+                }
+                Ok(answer)
+            }
+            Err(error) => {
+                tracing::debug!(address = %self.address, %error, "master call failed");
+                Err(blocking_error(&error))
+            }
+        }
+    }
+}
+
+fn blocking_error(error: &BlockingCallError) -> ErrorCode {
+    match error {
+        BlockingCallError::Io(io)
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            ErrorCode::RPC_TIMEOUT
+        }
+        _ => ErrorCode::RPC_FAIL,
     }
 }
 
@@ -163,6 +254,22 @@ where
         }
     }
     results
+}
+
+/// Like `remote!`, but on an application's calling thread the request goes over a
+/// blocking connection from this thread (see [`as_caller_thread`]).
+macro_rules! remote_or_blocking {
+    ($remote:expr, $variant:ident { $($field:ident: $value:expr),* $(,)? }, |$client:ident| $call:expr) => {
+        if on_caller_thread() {
+            match $remote.call_blocking(MasterRpcRequest::$variant { $($field: $value),* }) {
+                Ok(MasterRpcResponse::$variant(answer)) => Ok(answer),
+                Ok(_) => Err(ErrorCode::RPC_FAIL),
+                Err(code) => Err(code),
+            }
+        } else {
+            remote!($remote, |$client| $call)
+        }
+    };
 }
 
 impl MasterLink {
@@ -295,7 +402,15 @@ impl MasterLink {
                     .map(|(key, size)| (self.scope(key).into_owned(), *size))
                     .collect();
                 chunked(scoped, |chunk| async {
-                    remote!(r, |c| c.put_start(ctx(), chunk, config.clone(), mode))
+                    remote_or_blocking!(
+                        r,
+                        PutStart {
+                            items: chunk,
+                            config: config.clone(),
+                            mode: mode
+                        },
+                        |c| c.put_start(ctx(), chunk, config.clone(), mode)
+                    )
                 })
                 .await
             }
@@ -317,7 +432,7 @@ impl MasterLink {
             MasterKind::Remote(r) => {
                 let scoped = self.scope_writes(items);
                 chunked(scoped, |chunk| async {
-                    remote!(r, |c| c.put_end(ctx(), chunk))
+                    remote_or_blocking!(r, PutEnd { items: chunk }, |c| c.put_end(ctx(), chunk))
                 })
                 .await
             }
@@ -339,7 +454,8 @@ impl MasterLink {
             MasterKind::Remote(r) => {
                 let scoped = self.scope_writes(items);
                 chunked(scoped, |chunk| async {
-                    remote!(r, |c| c.put_revoke(ctx(), chunk))
+                    remote_or_blocking!(r, PutRevoke { items: chunk }, |c| c
+                        .put_revoke(ctx(), chunk))
                 })
                 .await
             }
@@ -376,7 +492,14 @@ impl MasterLink {
                 let lease_ms = lease.map(|l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX));
                 let scoped: Vec<String> = keys.iter().map(|k| self.scope(k).into_owned()).collect();
                 chunked(scoped, |chunk| async move {
-                    remote!(r, |c| c.get_replica_list(ctx(), chunk, lease_ms))
+                    remote_or_blocking!(
+                        r,
+                        GetReplicaList {
+                            keys: chunk,
+                            lease_ms: lease_ms
+                        },
+                        |c| c.get_replica_list(ctx(), chunk, lease_ms)
+                    )
                 })
                 .await
                 .into_iter()
@@ -393,7 +516,8 @@ impl MasterLink {
             MasterKind::Embedded(m) => keys.iter().map(|k| m.exist(k)).collect(),
             MasterKind::Remote(r) => {
                 let n = keys.len();
-                let result: CodeResult<_> = remote!(r, |c| c.exist(ctx(), keys));
+                let result: CodeResult<_> =
+                    remote_or_blocking!(r, Exist { keys: keys }, |c| c.exist(ctx(), keys));
                 result.unwrap_or_else(|code| vec![Err(code); n])
             }
         }
@@ -405,7 +529,13 @@ impl MasterLink {
         let key = scoped.as_ref();
         match &self.kind {
             MasterKind::Embedded(m) => m.object_size(key),
-            MasterKind::Remote(r) => remote!(r, |c| c.object_size(ctx(), key.to_string()))?,
+            MasterKind::Remote(r) => remote_or_blocking!(
+                r,
+                ObjectSize {
+                    key: key.to_string()
+                },
+                |c| c.object_size(ctx(), key.to_string())
+            )?,
         }
     }
 
@@ -429,7 +559,14 @@ impl MasterLink {
             MasterKind::Embedded(m) => m.batch_remove(&keys, force),
             MasterKind::Remote(r) => {
                 let n = keys.len();
-                let result: CodeResult<_> = remote!(r, |c| c.remove(ctx(), keys, force));
+                let result: CodeResult<_> = remote_or_blocking!(
+                    r,
+                    Remove {
+                        keys: keys,
+                        force: force
+                    },
+                    |c| c.remove(ctx(), keys, force)
+                );
                 result.unwrap_or_else(|code| vec![Err(code); n])
             }
         }

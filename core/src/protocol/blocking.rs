@@ -1,0 +1,188 @@
+//! A blocking client for a tarpc service, for callers that run on their own thread.
+//!
+//! A call through a tarpc client hands the request to the client's dispatch task and
+//! waits for that task to hand the answer back: two thread wake-ups on top of the peer's,
+//! each tens of microseconds on a virtual machine. An application thread that calls the
+//! store (embedded mode) gains nothing from that hand-off: it can write the request and
+//! read the answer itself, so a round trip wakes it once, when the answer arrives. The
+//! frames are exactly those of [`codec::transport`](super::codec::transport) (a 4-byte
+//! big-endian length, then a postcard-encoded tarpc message), so the same server serves
+//! both kinds of client.
+
+use std::io::{Read, Write};
+use std::marker::PhantomData;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tarpc::{ClientMessage, Request, Response, ServerError};
+
+/// Largest answer accepted: these calls answer metadata, never payload.
+pub const MAX_ANSWER_FRAME: usize = 64 << 20;
+
+/// Why a blocking call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BlockingCallError {
+    /// The connection failed (or timed out); it must not be used again.
+    #[error("connection failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer's bytes were not the answer to this request; the connection must not be
+    /// used again.
+    #[error("malformed answer: {0}")]
+    Malformed(String),
+    /// The server refused the request.
+    #[error("the server refused the request: {0}")]
+    Server(ServerError),
+}
+
+/// One connection, used by one caller at a time.
+#[derive(Debug)]
+pub struct BlockingClient<Req, Resp> {
+    stream: TcpStream,
+    next_id: u64,
+    types: PhantomData<fn(Req) -> Resp>,
+}
+
+impl<Req: Serialize, Resp: for<'de> Deserialize<'de>> BlockingClient<Req, Resp> {
+    /// A client over a connected stream (Nagle off: requests are small and urgent).
+    pub fn new(stream: TcpStream) -> std::io::Result<Self> {
+        stream.set_nodelay(true)?;
+        Ok(BlockingClient {
+            stream,
+            next_id: 0,
+            types: PhantomData,
+        })
+    }
+
+    /// Sends `message` and waits at most `timeout` for its answer.
+    pub fn call(&mut self, message: Req, timeout: Duration) -> Result<Resp, BlockingCallError> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut context = tarpc::context::current();
+        context.deadline = Instant::now() + timeout;
+        let request = ClientMessage::Request(Request {
+            context,
+            id,
+            message,
+        });
+        let payload = postcard::to_stdvec(&request)
+            .map_err(|e| BlockingCallError::Malformed(e.to_string()))?;
+        let len = u32::try_from(payload.len())
+            .map_err(|_| BlockingCallError::Malformed("request too large".into()))?;
+        let mut frame = Vec::with_capacity(4 + payload.len());
+        frame.extend_from_slice(&len.to_be_bytes());
+        frame.extend_from_slice(&payload);
+        self.stream
+            .set_read_timeout(Some(timeout.max(Duration::from_millis(1))))?;
+        self.stream.write_all(&frame)?;
+        let answer: Response<Resp> = self.read_frame()?;
+        if answer.request_id != id {
+            return Err(BlockingCallError::Malformed(format!(
+                "answer to request {} while waiting for {id}",
+                answer.request_id
+            )));
+        }
+        answer.message.map_err(BlockingCallError::Server)
+    }
+
+    fn read_frame<T: for<'de> Deserialize<'de>>(&mut self) -> Result<T, BlockingCallError> {
+        let mut prefix = [0u8; 4];
+        self.stream.read_exact(&mut prefix)?;
+        let len = u32::from_be_bytes(prefix) as usize;
+        if len > MAX_ANSWER_FRAME {
+            return Err(BlockingCallError::Malformed(format!(
+                "frame of {len} bytes"
+            )));
+        }
+        let mut payload = vec![0u8; len];
+        self.stream.read_exact(&mut payload)?;
+        postcard::from_bytes(&payload).map_err(|e| BlockingCallError::Malformed(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::error::ErrorCode;
+    use crate::master::daemon::RunningMaster;
+    use crate::master::{Clock, MasterConfig, MasterService};
+    use crate::protocol::master_rpc::{
+        MASTER_PROTOCOL_VERSION, MasterRpcRequest, MasterRpcResponse,
+    };
+
+    type Client = BlockingClient<MasterRpcRequest, MasterRpcResponse>;
+
+    fn exist(client: &mut Client, key: &str) -> Vec<crate::error::CodeResult<bool>> {
+        let request = MasterRpcRequest::Exist {
+            keys: vec![key.to_string()],
+        };
+        match client.call(request, Duration::from_secs(5)) {
+            Ok(MasterRpcResponse::Exist(answer)) => answer,
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_blocking_client_is_served_by_the_tarpc_server() {
+        let master = Arc::new(MasterService::new(MasterConfig::default(), Clock::System));
+        let address = "127.0.0.1:0".parse().expect("address");
+        let running = RunningMaster::start(master, address, 7)
+            .await
+            .expect("master starts");
+        let address = running.rpc_address;
+        tokio::task::spawn_blocking(move || {
+            let stream = TcpStream::connect(address).expect("connect");
+            let mut client = Client::new(stream).expect("client");
+            let hello = MasterRpcRequest::Hello {
+                version: MASTER_PROTOCOL_VERSION + 1,
+            };
+            match client.call(hello, Duration::from_secs(5)) {
+                Ok(MasterRpcResponse::Hello(answer)) => {
+                    assert_eq!(answer, Err(ErrorCode::INVALID_VERSION));
+                }
+                other => panic!("unexpected answer {other:?}"),
+            }
+            // Consecutive calls on one connection each get their own answer.
+            assert_eq!(exist(&mut client, "missing"), vec![Ok(false)]);
+            assert_eq!(exist(&mut client, "missing too"), vec![Ok(false)]);
+        })
+        .await
+        .expect("client thread");
+    }
+
+    #[test]
+    fn a_silent_peer_times_out_and_a_garbage_answer_is_malformed() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = listener.local_addr().expect("address");
+        let peer = std::thread::spawn(move || {
+            let (mut silent, _) = listener.accept().expect("accept");
+            let mut request = [0u8; 4];
+            silent.read_exact(&mut request).expect("request");
+            let (mut garbage, _) = listener.accept().expect("accept");
+            garbage.read_exact(&mut request).expect("request");
+            garbage
+                .write_all(&[0, 0, 0, 3, 0xff, 0xff, 0xff])
+                .expect("answer");
+            std::thread::sleep(Duration::from_millis(300));
+            drop(silent);
+        });
+        let mut silent =
+            Client::new(TcpStream::connect(address).expect("connect")).expect("client");
+        let error = silent
+            .call(MasterRpcRequest::Stats {}, Duration::from_millis(100))
+            .expect_err("no answer");
+        assert!(matches!(error, BlockingCallError::Io(_)), "{error:?}");
+        let mut garbage =
+            Client::new(TcpStream::connect(address).expect("connect")).expect("client");
+        let error = garbage
+            .call(MasterRpcRequest::Stats {}, Duration::from_secs(5))
+            .expect_err("garbage");
+        assert!(
+            matches!(error, BlockingCallError::Malformed(_)),
+            "{error:?}"
+        );
+        peer.join().expect("peer");
+    }
+}
