@@ -55,6 +55,8 @@ impl ServerState {
             dummies,
             master: self.store.master().stats().await.unwrap_or_default(),
             remote_disk_reads: self.store.remote_disk_reads(),
+            segment_bytes: self.store.segment().memory.len() as u64,
+            segment_resident_bytes: self.store.segment().memory.resident_bytes(),
         }
     }
 

@@ -256,6 +256,20 @@ impl SharedMemory {
         self.len
     }
 
+    /// Bytes of the memory that are resident (faulted in), from the memfd's allocated
+    /// blocks; for borrowed application memory, its whole length (the application's).
+    pub fn resident_bytes(&self) -> u64 {
+        match &self.backing {
+            Backing::Memfd { file, .. } => {
+                use std::os::unix::fs::MetadataExt;
+                file.metadata()
+                    .map(|meta| (meta.blocks() * 512).min(self.len as u64))
+                    .unwrap_or(0)
+            }
+            Backing::Borrowed { .. } => self.len as u64,
+        }
+    }
+
     /// Always false: segments are never empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0

@@ -398,6 +398,20 @@ def test_status_embedded(embedded_store):
     assert status["segment_name"] == embedded_store.get_hostname()
 
 
+def test_status_reports_the_segment_faulted_in_after_start(dummy_store):
+    # The segment is faulted in by a background thread after the real client starts
+    # serving; status says how much of it is resident.
+    deadline = time.monotonic() + 30
+    while True:
+        status = dummy_store.status()
+        assert status["segment_bytes"] == 512 << 20
+        assert 0 <= status["segment_resident_bytes"] <= status["segment_bytes"]
+        if status["segment_resident_bytes"] == status["segment_bytes"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert status["segment_resident_bytes"] == status["segment_bytes"], status
+
+
 def test_status_counts_objects(start_client, connect):
     store = connect(start_client().address)
     before = store.status()

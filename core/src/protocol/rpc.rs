@@ -129,6 +129,11 @@ pub struct StatusReport {
     /// Reads served from another node's SSD tier since start (upstream's
     /// `get_offload_rpc_read_count`).
     pub remote_disk_reads: u64,
+    /// Bytes of this node's global segment.
+    pub segment_bytes: u64,
+    /// Bytes of it faulted in so far: the segment is faulted in by a background thread
+    /// after start-up (and by first use), not before the real client serves.
+    pub segment_resident_bytes: u64,
 }
 
 /// Calls a dummy makes to its real client.

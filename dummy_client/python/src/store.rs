@@ -893,6 +893,8 @@ fn status_json(report: &mooncake_core::protocol::rpc::StatusReport) -> String {
         "writes_in_progress": report.master.writes_in_progress,
         "segments": segments,
         "remote_disk_reads": report.remote_disk_reads,
+        "segment_bytes": report.segment_bytes,
+        "segment_resident_bytes": report.segment_resident_bytes,
         "copied_through_staging_bytes": mooncake_dummy_client::copied_through_staging_bytes(),
     })
     .to_string()

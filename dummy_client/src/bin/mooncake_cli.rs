@@ -171,7 +171,12 @@ fn status(client: &DummyClient) -> Result<(), Failure> {
         "real client  pid {} instance {:032x} up {}s",
         report.pid, report.instance_id, report.uptime_secs
     );
-    println!("segment      {}", report.segment_name);
+    println!(
+        "segment      {} ({} resident of {})",
+        report.segment_name,
+        format_size(report.segment_resident_bytes),
+        format_size(report.segment_bytes)
+    );
     for segment in &report.master.segments {
         println!(
             "  segment {} {}: {} used of {}",
