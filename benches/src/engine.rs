@@ -10,9 +10,10 @@
 //! It runs against the embedded real client (a heap pool, lent to the in-process
 //! client: zero copy) and against a `mooncake_client` in another process, once with the
 //! pool from the dummy's host-memory allocator (`MooncakeHostMemAllocator`: mapped by
-//! the real client, zero copy) and once with a heap pool (copied through the dummy's
-//! staging buffer). Each figure is printed next to memcpy of the same pages in the same
-//! round.
+//! the real client, zero copy) and once with a heap pool (declared to the real client,
+//! which copies it once across processes; or, when it may not read this process, copied
+//! through the dummy's staging buffer: the heading says which). Each figure is printed
+//! next to memcpy of the same pages in the same round.
 
 use mooncake_dummy_client::{DummyClient, host_memory};
 
@@ -80,14 +81,34 @@ fn measure_pool(
         region: shadow,
         segment: PageAligned::new(POOL)?,
     };
+    let path = declared_path(client);
     let table = measure(client, base, &mut reference, &workloads, repeats);
     let _ = client.unregister_buffer(base);
     println!(
-        "\nengine, {mode}: a {} pool in {LAYERS} layers, registered once, medians of {repeats}",
+        "\nengine, {mode}{path}: a {} pool in {LAYERS} layers, registered once, medians of {repeats}",
         size_label(POOL)
     );
     table?.print();
     Ok(())
+}
+
+/// How the real client moves this process's declared memory, as its status says
+/// (empty when nothing is declared).
+fn declared_path(client: &DummyClient) -> String {
+    let me = client.status().ok().and_then(|status| {
+        status
+            .dummies
+            .into_iter()
+            .find(|d| d.pid == std::process::id() && d.declared_ranges > 0)
+    });
+    match me {
+        Some(d) if d.cross_memory => " (copied once by the real client: cross-memory)".into(),
+        Some(_) => format!(
+            " (copied through the {} staging buffer: the real client may not read this process)",
+            size_label(STAGING)
+        ),
+        None => String::new(),
+    }
 }
 
 /// Embedded mode: a real client in this process, a heap pool lent to it.
@@ -127,11 +148,7 @@ pub fn dummy(repeats: usize, address: &str) -> Result<(), String> {
     zero_copy?;
     let mut pool = heap(POOL)?;
     let base = pool.as_mut_ptr() as u64;
-    let mode = format!(
-        "dummy, heap pool (copied through the {} staging buffer)",
-        size_label(STAGING)
-    );
-    let copied = measure_pool(&client, base, &mut pool, &mode, repeats);
+    let copied = measure_pool(&client, base, &mut pool, "dummy, heap pool", repeats);
     client.close();
     copied
 }

@@ -189,7 +189,8 @@ impl DummyClient {
             let _guard = self.inner.runtime.enter();
             match self.inner.target.connect(&self.inner.identity, &offers) {
                 Ok(connected) => {
-                    tracing::info!(target = %self.inner.target, instance = %format!("{:032x}", connected.instance_id), "reconnected to the real client; shared memory registered again");
+                    self.redeclare(&connected);
+                    tracing::info!(target = %self.inner.target, instance = %format!("{:032x}", connected.instance_id), "reconnected to the real client; shared memory registered and ordinary buffers declared again");
                     *link = Link::Up(connected);
                 }
                 Err(error) => {
@@ -329,6 +330,7 @@ impl DummyClient {
         }
         *link = Link::Closed;
         drop(link);
+        mooncake_shm::cross_memory::release_tracer(self.inner.identity.client_id);
         // An in-process real client stops with its only user.
         let embedded = self.inner.embedded.lock().take();
         drop(embedded);

@@ -26,7 +26,7 @@ use mooncake_core::protocol::rpc::{
     RealClientRpcClient, RealClientRpcRequest, RealClientRpcResponse,
 };
 use mooncake_shm::SharedMemory;
-use mooncake_shm::fd_passing::{recv_exact_with_fds, send_with_fd};
+use mooncake_shm::fd_passing::{peer_credentials, recv_exact_with_fds, send_with_fd};
 
 /// How long connecting and the handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -124,6 +124,10 @@ pub struct Connected {
     pub instance_id: u128,
     /// Name of the real client's segment (its `host:port`).
     pub segment_name: String,
+    /// Process id of the real client (from the socket's credentials; none in-process or
+    /// when its pid namespace is not visible), named with Yama's `PR_SET_PTRACER`
+    /// before declaring ordinary memory.
+    pub real_client_pid: Option<u32>,
     /// A duplicate of the socket, used only to notice hang-ups (a peek that reads EOF);
     /// none for an in-process real client.
     watch: Option<OwnedFd>,
@@ -328,6 +332,10 @@ pub fn connect(
         address: address.clone(),
         reason: e.to_string(),
     };
+    let real_client_pid = peer_credentials(&stream)
+        .ok()
+        .and_then(|peer| u32::try_from(peer.pid).ok())
+        .filter(|pid| *pid > 0);
     let watch = stream.as_fd().try_clone_to_owned().map_err(fail)?;
     stream.set_read_timeout(None).map_err(fail)?;
     stream.set_nonblocking(true).map_err(fail)?;
@@ -338,6 +346,7 @@ pub fn connect(
         rpc: RealClientRpcClient::from(RealClientStub::Socket(channel)),
         instance_id,
         segment_name,
+        real_client_pid,
         watch: Some(watch),
     })
 }
@@ -432,6 +441,7 @@ impl Connected {
             rpc: RealClientRpcClient::from(RealClientStub::InProcess(Arc::new(direct))),
             instance_id,
             segment_name,
+            real_client_pid: None,
             watch: None,
         }
     }

@@ -1,11 +1,12 @@
 //! The mooncake-rs dummy client: the store client an inference rank embeds.
 //!
 //! It owns no store resources: it creates shared memory (a pool for zero-copy buffers
-//! and a staging buffer for ordinary memory), registers it with the node's real client
-//! (`mooncake_client`) over a Unix socket, and forwards every call there. Payload bytes
-//! never cross the socket on the zero-copy calls (`put_from`, `get_into` and their batch
-//! forms): the real client copies them directly between the segment and this process's
-//! shared memory.
+//! and a staging buffer for bytes and ordinary memory), registers it with the node's
+//! real client (`mooncake_client`) over a Unix socket, and forwards every call there.
+//! Payload bytes never cross the socket on the pointer calls (`put_from`, `get_into` and
+//! their batch forms): the real client copies them directly between the segment and
+//! this process's shared memory, or, for registered ordinary memory it is allowed to
+//! reach, straight to and from that memory across processes.
 //!
 //! With the `embedded` feature, [`DummyClient::setup_embedded`] runs the real client in
 //! this process instead (the Python `setup()` mode); every call behaves the same.
@@ -17,6 +18,7 @@
 mod buffer;
 mod client;
 pub mod connection;
+mod declare;
 #[cfg(feature = "embedded")]
 pub mod embedded;
 pub mod host_memory;

@@ -1,12 +1,15 @@
 //! The dummy's memory: the shared pool (growing on demand), the staging buffer that
-//! ordinary memory is copied through, and the buffers the application registered.
+//! ordinary memory is copied through when it must be, and the buffers the application
+//! registered.
 //!
 //! Every `(ptr, len)` an application passes is classified here:
 //! * inside the dummy's shared memory: sent as is, zero-copy;
 //! * inside a buffer registered with `register_buffer` that is *not* shared memory
-//!   (heap, numpy, pinned host memory): copied through the staging buffer;
+//!   (heap, numpy, pinned host memory) and that the real client accepted as declared
+//!   memory it can reach across processes: sent as is, copied once by the real client;
+//! * inside another registered ordinary buffer: copied through the staging buffer;
 //! * anything else: sent as is, and the real client rejects it with `INVALID_PARAMS`
-//!   (it only ever touches memory the dummy registered with it).
+//!   (it only ever touches memory the dummy registered or declared with it).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,6 +36,9 @@ fn prefault_in_background(memory: Arc<SharedMemory>) {
 pub enum RangeKind {
     /// Inside the dummy's shared memory: zero-copy.
     Shared,
+    /// Inside a registered ordinary buffer declared to a real client that reaches it:
+    /// copied once, by the real client.
+    CrossMemory,
     /// Inside a registered ordinary buffer: copied through staging.
     CopyThrough,
     /// Unknown memory: forwarded and rejected by the real client.
@@ -47,12 +53,25 @@ pub struct DummyMemory {
     staging: Option<(Arc<SharedMemory>, PoolAllocator)>,
     growth_step: u64,
     page: PageSize,
-    /// Buffers registered with `register_buffer`: start → (length, shared?).
-    registered: BTreeMap<u64, (u64, bool)>,
+    /// Buffers registered with `register_buffer`, by start address.
+    registered: BTreeMap<u64, Registration>,
+    /// Whether the real client reaches declared ordinary memory (its answer to the
+    /// last declaration of this connection).
+    cross_memory: bool,
     /// Pool blocks owned by live buffer handles (not freeable by the application).
     pub handle_blocks: std::collections::HashSet<u64>,
     /// Host allocations (`MooncakeHostMemAllocator`) registered with the real client.
     host: Vec<Arc<SharedMemory>>,
+}
+
+/// A buffer the application registered.
+#[derive(Clone, Copy, Debug)]
+struct Registration {
+    len: u64,
+    /// Inside the dummy's shared memory (zero-copy).
+    shared: bool,
+    /// Ordinary memory the connected real client accepted as declared.
+    declared: bool,
 }
 
 /// A block of the staging buffer: its dummy address and its memory.
@@ -108,6 +127,7 @@ impl DummyMemory {
             growth_step: pool_size.max(64 << 20),
             page,
             registered: BTreeMap::new(),
+            cross_memory: false,
             handle_blocks: std::collections::HashSet::new(),
             host: Vec::new(),
         })
@@ -168,9 +188,39 @@ impl DummyMemory {
         let end = base.saturating_add(len);
         self.registered
             .range(base..end)
-            .filter(|(start, (size, _))| start.saturating_add(*size) <= end)
-            .map(|(&start, &(size, _))| (start, size))
+            .filter(|(start, r)| start.saturating_add(r.len) <= end)
+            .map(|(&start, r)| (start, r.len))
             .collect()
+    }
+
+    /// Every registered buffer that is not shared memory, as `(start, len)`.
+    pub fn ordinary_registrations(&self) -> Vec<(u64, u64)> {
+        self.registered
+            .iter()
+            .filter(|(_, r)| !r.shared)
+            .map(|(&start, r)| (start, r.len))
+            .collect()
+    }
+
+    /// Records whether the real client accepted the buffer at `start` as declared.
+    pub fn set_declared(&mut self, start: u64, declared: bool) {
+        if let Some(registration) = self.registered.get_mut(&start) {
+            registration.declared = declared;
+        }
+    }
+
+    /// A new connection knows no declaration yet: every buffer goes through staging
+    /// until declared again.
+    pub fn forget_declarations(&mut self) {
+        self.cross_memory = false;
+        for registration in self.registered.values_mut() {
+            registration.declared = false;
+        }
+    }
+
+    /// Records whether the real client reaches declared memory.
+    pub fn set_cross_memory(&mut self, available: bool) {
+        self.cross_memory = available;
     }
 
     /// True when `addr..addr+len` is already shared with the real client.
@@ -222,12 +272,22 @@ impl DummyMemory {
         self.classify(addr, len) != RangeKind::Foreign
     }
 
-    /// Registers `addr..addr+len` as an application buffer; returns whether it is
-    /// shared memory (zero-copy) or will be copied through.
+    /// Registers `addr..addr+len` as an application buffer (not declared yet);
+    /// returns whether it is shared memory (zero-copy).
     pub fn register(&mut self, addr: u64, len: u64) -> bool {
         let shared = self.in_shared_memory(addr, len);
-        self.registered.insert(addr, (len, shared));
+        let registration = Registration {
+            len,
+            shared,
+            declared: false,
+        };
+        self.registered.insert(addr, registration);
         shared
+    }
+
+    /// True when the buffer registered at `addr` is declared to the real client.
+    pub fn is_declared(&self, addr: u64) -> bool {
+        self.registered.get(&addr).is_some_and(|r| r.declared)
     }
 
     /// Forgets a registered buffer; false when `addr` was not registered.
@@ -240,23 +300,29 @@ impl DummyMemory {
         if self.in_shared_memory(addr, len) {
             return RangeKind::Shared;
         }
-        let end = addr.checked_add(len);
-        let inside_registered = self
+        let Some(end) = addr.checked_add(len) else {
+            return RangeKind::Foreign;
+        };
+        let mut containing = self
             .registered
             .range(..=addr)
-            .any(|(&start, &(size, _))| end.is_some_and(|end| end <= start.saturating_add(size)));
-        if inside_registered {
-            RangeKind::CopyThrough
+            .filter(|(start, r)| end <= start.saturating_add(r.len))
+            .peekable();
+        if containing.peek().is_none() {
+            return RangeKind::Foreign;
+        }
+        if self.cross_memory && containing.any(|(_, r)| r.declared) {
+            RangeKind::CrossMemory
         } else {
-            RangeKind::Foreign
+            RangeKind::CopyThrough
         }
     }
 
     /// Usable bytes from `addr` on: the registered buffer's size when `addr` starts one,
     /// else the pool block's requested size, else the rest of its shared segment.
     pub fn capacity_at(&self, addr: u64) -> u64 {
-        if let Some((len, _)) = self.registered.get(&addr) {
-            return *len;
+        if let Some(registration) = self.registered.get(&addr) {
+            return registration.len;
         }
         if let Some(len) = self.pool.block_len(addr) {
             return len;

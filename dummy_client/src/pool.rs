@@ -1,16 +1,12 @@
 //! Memory calls: the shared pool and buffer registration.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::protocol::handshake::SegmentKind;
 
 use crate::client::DummyClient;
 use crate::connection::{Link, Offer};
-
-/// Whether the "not zero-copy" notice for ordinary buffers was logged already.
-static COPY_THROUGH_NOTICE: AtomicBool = AtomicBool::new(false);
 
 impl DummyClient {
     /// Allocates `size` bytes of shared memory for zero-copy puts and gets; returns its
@@ -73,8 +69,10 @@ impl DummyClient {
 
     /// Registers `ptr..ptr+size` for the zero-copy calls. Any range inside the dummy's
     /// shared memory is zero-copy; ordinary memory (heap, numpy arrays, pinned host
-    /// memory) is accepted too and copied through the staging buffer. The memory must
-    /// stay valid until [`unregister_buffer`](Self::unregister_buffer).
+    /// memory) is accepted too: it is declared to the real client, which copies it once
+    /// across processes where the kernel allows, and otherwise copied through the
+    /// staging buffer. The memory must stay valid until
+    /// [`unregister_buffer`](Self::unregister_buffer).
     pub fn register_buffer(&self, ptr: u64, size: u64) -> CodeResult<()> {
         if self.is_closed() {
             return Err(ErrorCode::RPC_FAIL);
@@ -86,12 +84,15 @@ impl DummyClient {
         #[cfg(feature = "embedded")]
         self.lend_to_embedded(ptr, size);
         let shared = self.inner.memory.lock().register(ptr, size);
-        if !shared && !COPY_THROUGH_NOTICE.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                ptr = %format!("{ptr:#x}"),
-                size,
-                "registered memory outside the shared pool: it works, but every transfer is copied through the staging buffer (not zero-copy); allocate with alloc_from_mem_pool for zero-copy"
+        if shared {
+            return Ok(());
+        }
+        if self.inner.target.is_in_process() {
+            crate::declare::staging_notice(
+                "the buffer overlaps one already used in place by the embedded real client",
             );
+        } else {
+            self.declare_buffer(ptr, size);
         }
         Ok(())
     }
@@ -158,13 +159,23 @@ impl DummyClient {
         }
     }
 
-    /// Forgets a buffer registered with [`register_buffer`](Self::register_buffer);
-    /// `INVALID_PARAMS` when `ptr` does not start one.
+    /// Forgets a buffer registered with [`register_buffer`](Self::register_buffer)
+    /// (and its declaration to the real client); `INVALID_PARAMS` when `ptr` does not
+    /// start one.
     pub fn unregister_buffer(&self, ptr: u64) -> CodeResult<()> {
         if self.is_closed() {
             return Err(ErrorCode::RPC_FAIL);
         }
+        // Lock order as in `rpc`: link, then memory.
+        let mut link = self.inner.link.lock();
         let mut memory = self.inner.memory.lock();
+        if memory.is_declared(ptr) {
+            memory.unregister(ptr);
+            drop(memory);
+            self.forget_over(&mut link, ptr);
+            return Ok(());
+        }
+        drop(link);
         if memory.unregister(ptr) {
             #[cfg(feature = "embedded")]
             if let (Some(gone), crate::connection::Target::InProcess(host)) =

@@ -1,8 +1,11 @@
 //! The read calls: whole objects into bytes or buffers, scattered into several
 //! buffers, ranges of objects, and pool-backed buffer handles.
 //!
-//! Destinations in shared memory are written by the real client directly (zero-copy).
-//! Registered ordinary buffers get the bytes through the staging buffer.
+//! Destinations in shared memory are written by the real client directly (zero-copy),
+//! and so are registered ordinary buffers it reaches across processes. The other
+//! registered ordinary buffers get the bytes through the staging buffer, in rounds that
+//! fit it; an object larger than the whole staging buffer is read on its own and copied
+//! into its buffers.
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::protocol::rpc::{DATA_DEADLINE, Fragment, GetItem, MemRange, RangeRead};
@@ -29,6 +32,33 @@ const GET_GUESS: u64 = 1 << 20;
 struct Bounce {
     block: StagingBlock,
     user_addr: u64,
+}
+
+/// Per destination of one item: its staging block, when it is copied through.
+type Bounces = Vec<Option<Bounce>>;
+
+/// Reads gathered for one request, with the staging they use.
+#[derive(Default)]
+struct ReadRound {
+    requests: Vec<GetItem>,
+    /// Per request: its position in the caller's batch, its destination lengths and
+    /// their staging blocks.
+    planned: Vec<(usize, Vec<u64>, Bounces)>,
+}
+
+impl ReadRound {
+    fn push(&mut self, index: usize, key: String, dests: Vec<MemRange>, bounces: Bounces) {
+        let lens = dests.iter().map(|r| r.len).collect();
+        self.requests.push(GetItem { key, dests });
+        self.planned.push((index, lens, bounces));
+    }
+
+    /// True when some read of the round holds staging.
+    fn has_staging(&self) -> bool {
+        self.planned
+            .iter()
+            .any(|(_, _, bounces)| bounces.iter().any(Option::is_some))
+    }
 }
 
 impl Bounce {
@@ -78,38 +108,74 @@ impl DummyClient {
         Ok(range)
     }
 
-    fn release_bounces(&self, bounces: Vec<Option<Bounce>>) {
+    /// Logs, once per process, that a read into registered ordinary memory failed for
+    /// want of staging room (not of segment space, which the code's name suggests).
+    fn no_staging_room(&self, len: u64) {
+        static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                len,
+                staging = self.local_buffer_size(),
+                "NO_AVAILABLE_HANDLE: the staging buffer has no room for a fragment read into registered ordinary memory (the real client cannot reach that memory itself); raise local_buffer_size or allocate the buffer with alloc_from_mem_pool"
+            );
+        }
+    }
+
+    fn release_bounces(&self, bounces: Bounces) {
         let blocks: Vec<StagingBlock> = bounces.into_iter().flatten().map(|b| b.block).collect();
         self.unstage(&blocks);
     }
 
     /// Reads each object into its destinations (filled in order); one size or error per
-    /// item.
+    /// item. Destinations copied through staging are staged in rounds that fit the
+    /// staging buffer (a round is read and delivered before the next is staged); an item
+    /// that finds no room even in an empty round is read on its own
+    /// ([`get_scattered`](Self::get_scattered)).
     fn read_scatter(&self, items: Vec<(String, Vec<(u64, u64)>)>) -> Vec<CodeResult<u64>> {
-        let mut results: Vec<CodeResult<u64>> = Vec::with_capacity(items.len());
-        let mut requests = Vec::with_capacity(items.len());
-        let mut planned = Vec::with_capacity(items.len());
+        let mut results: Vec<CodeResult<u64>> = vec![Ok(0); items.len()];
+        let mut round = ReadRound::default();
+        let mut alone = Vec::new();
         for (index, (key, dests)) in items.into_iter().enumerate() {
-            let mut bounces = Vec::with_capacity(dests.len());
-            let ranges: CodeResult<Vec<MemRange>> = dests
-                .iter()
-                .map(|&(addr, len)| self.destination(addr, len, &mut bounces))
-                .collect();
-            match ranges {
-                Ok(ranges) => {
-                    let lens: Vec<u64> = ranges.iter().map(|r| r.len).collect();
-                    requests.push(GetItem { key, dests: ranges });
-                    planned.push((index, lens, bounces));
-                    results.push(Ok(0));
-                }
-                Err(code) => {
-                    self.release_bounces(bounces);
-                    results.push(Err(code));
-                }
+            let mut staged = self.stage_destinations(&dests);
+            if staged.is_none() && round.has_staging() {
+                self.read_round(&mut round, &mut results);
+                staged = self.stage_destinations(&dests);
+            }
+            match staged {
+                Some((ranges, bounces)) => round.push(index, key, ranges, bounces),
+                None => alone.push((index, key, dests)),
             }
         }
+        self.read_round(&mut round, &mut results);
+        for (index, key, dests) in alone {
+            results[index] = self.get_scattered(&key, &dests);
+        }
+        results
+    }
+
+    /// The ranges to send for `dests`, with a staging block for each one copied
+    /// through; `None` (nothing held) when the staging buffer has no room for them.
+    fn stage_destinations(&self, dests: &[(u64, u64)]) -> Option<(Vec<MemRange>, Bounces)> {
+        let mut bounces = Vec::with_capacity(dests.len());
+        let ranges: CodeResult<Vec<MemRange>> = dests
+            .iter()
+            .map(|&(addr, len)| self.destination(addr, len, &mut bounces))
+            .collect();
+        match ranges {
+            Ok(ranges) => Some((ranges, bounces)),
+            Err(_) => {
+                self.release_bounces(bounces);
+                None
+            }
+        }
+    }
+
+    /// Sends the reads of `round` (one request), delivers what came through staging and
+    /// releases it.
+    fn read_round(&self, round: &mut ReadRound, results: &mut [CodeResult<u64>]) {
+        let ReadRound { requests, planned } = std::mem::take(round);
         if requests.is_empty() {
-            return results;
+            return;
         }
         let count = requests.len();
         let answers = self.call_batch(count, DATA_DEADLINE, |rpc, ctx| async move {
@@ -129,7 +195,36 @@ impl DummyClient {
             self.release_bounces(bounces);
             results[index] = answer;
         }
-        results
+    }
+
+    /// Reads `key` on its own (through staging, a pool block or the reply, as
+    /// [`get_with`](Self::get_with) does) and copies it into `dests` in order: the read of
+    /// an object whose registered ordinary buffers do not fit the staging buffer.
+    /// Destinations together smaller than the object are `BUFFER_OVERFLOW`.
+    fn get_scattered(&self, key: &str, dests: &[(u64, u64)]) -> CodeResult<u64> {
+        let known = {
+            let memory = self.inner.memory.lock();
+            dests.iter().all(|&(addr, len)| memory.is_known(addr, len))
+        };
+        if !known {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        self.get_with(key, |bytes| {
+            let capacity = dests.iter().map(|&(_, len)| len).sum::<u64>();
+            if bytes.len() as u64 > capacity {
+                return Err(ErrorCode::BUFFER_OVERFLOW);
+            }
+            let mut rest = bytes;
+            for &(addr, len) in dests {
+                let n = usize::try_from(len).unwrap_or(usize::MAX).min(rest.len());
+                if n == 0 {
+                    break;
+                }
+                user_memory::write_bytes(addr, &rest[..n]);
+                rest = &rest[n..];
+            }
+            Ok(bytes.len() as u64)
+        })?
     }
 
     /// Reads `key` into `ptr..ptr+size`; returns the object size. A buffer smaller than
@@ -158,28 +253,10 @@ impl DummyClient {
             .zip(ptrs.iter().zip(sizes))
             .map(|(key, (&addr, &len))| (key.as_ref().to_string(), vec![(addr, len)]))
             .collect();
-        let mut results = self.read_scatter(items);
-        for (index, result) in results.iter_mut().enumerate() {
-            if *result == Err(ErrorCode::NO_AVAILABLE_HANDLE) {
-                *result =
-                    self.get_into_copy_through(keys[index].as_ref(), ptrs[index], sizes[index]);
-            }
-        }
-        results.into_iter().map(too_small_is_invalid).collect()
-    }
-
-    /// `get_into` of a registered ordinary buffer larger than the staging buffer: the
-    /// object comes inside the reply and is copied into the buffer.
-    fn get_into_copy_through(&self, key: &str, ptr: u64, size: u64) -> CodeResult<u64> {
-        if self.inner.memory.lock().classify(ptr, size) != RangeKind::CopyThrough {
-            return Err(ErrorCode::NO_AVAILABLE_HANDLE);
-        }
-        let bytes = self.get(key)?;
-        if bytes.len() as u64 > size {
-            return Err(ErrorCode::INVALID_PARAMS);
-        }
-        user_memory::write_bytes(ptr, &bytes);
-        Ok(bytes.len() as u64)
+        self.read_scatter(items)
+            .into_iter()
+            .map(too_small_is_invalid)
+            .collect()
     }
 
     /// Reads each object into its list of buffers, filled in order (together they must
@@ -388,7 +465,10 @@ impl DummyClient {
                             });
                             fragment_places.push((f, bounces.len() - 1));
                         }
-                        Err(code) => results[b][k][f] = Err(code),
+                        Err(code) => {
+                            self.no_staging_room(z[f]);
+                            results[b][k][f] = Err(code);
+                        }
                     }
                 }
                 if !fragments.is_empty() {

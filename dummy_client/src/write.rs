@@ -1,9 +1,11 @@
 //! The write calls: put and upsert of bytes, of shared-memory ranges, and of several
 //! buffers per object.
 //!
-//! Shared-memory ranges go to the real client as addresses (zero-copy). Bytes and
-//! registered ordinary buffers are copied once into the staging buffer (or, when they do
-//! not fit there, sent inside the request).
+//! Shared-memory ranges, and registered ordinary buffers the real client reaches across
+//! processes, go to the real client as addresses (it copies them once). Bytes and the
+//! other registered ordinary buffers are copied once into the staging buffer, in rounds
+//! that fit it; only a value larger than the whole staging buffer is sent inside the
+//! request.
 
 use serde_bytes::ByteBuf;
 
@@ -152,7 +154,8 @@ impl DummyClient {
     }
 
     /// Stores `size` bytes at `ptr` under `key`: zero-copy from shared memory, copied
-    /// through staging from a registered ordinary buffer, `INVALID_PARAMS` otherwise.
+    /// once by the real client (or else through staging) from a registered ordinary
+    /// buffer, `INVALID_PARAMS` otherwise.
     pub fn put_from(
         &self,
         key: &str,
@@ -257,32 +260,70 @@ impl DummyClient {
         }
     }
 
-    /// Builds the request for every item (staging what must be copied), sends it, and
-    /// releases the staging blocks.
+    /// Sends every item, in order: items naming only memory the real client reaches go
+    /// as ranges; the others are copied once into the staging buffer, in rounds that
+    /// each fit it (a round is sent and its staging released before the next one is
+    /// staged), and only an item larger than the whole staging buffer travels inside
+    /// the request.
     fn write(
         &self,
         items: Vec<WriteItem<'_>>,
         config: &ReplicateConfig,
         mode: WriteMode,
     ) -> Vec<CodeResult<()>> {
-        if items.is_empty() {
-            return Vec::new();
-        }
-        let mut staged = Vec::new();
-        let mut results: Vec<CodeResult<()>> = Vec::with_capacity(items.len());
-        let mut requests = Vec::with_capacity(items.len());
-        let mut positions = Vec::with_capacity(items.len());
+        let mut results: Vec<CodeResult<()>> = vec![Ok(()); items.len()];
+        let mut round = WriteRound::default();
         for (index, (key, parts)) in items.into_iter().enumerate() {
-            results.push(Ok(()));
-            match self.source_of(&parts, &mut staged) {
-                Ok(source) => {
-                    requests.push(PutItem { key, source });
-                    positions.push(index);
-                }
+            let source = match self.plan(&parts) {
+                Ok(Plan::Direct(ranges)) => Ok(PutSource::Shared(ranges)),
+                Ok(Plan::Copy(total)) => self.copied_source(&parts, total, &mut round, |round| {
+                    self.send_round(round, &mut results, config, mode);
+                }),
+                Err(code) => Err(code),
+            };
+            match source {
+                Ok(source) => round.items.push((index, PutItem { key, source })),
                 Err(code) => results[index] = Err(code),
             }
         }
-        if !requests.is_empty() {
+        self.send_round(&mut round, &mut results, config, mode);
+        results
+    }
+
+    /// The bytes of an item to copy (`total` of them), staged in `round`'s staging; when
+    /// the staging buffer is full, `flush` sends the round first and staging is tried
+    /// again; an item that still finds no room travels inline.
+    fn copied_source(
+        &self,
+        parts: &[Part<'_>],
+        total: u64,
+        round: &mut WriteRound,
+        flush: impl FnOnce(&mut WriteRound),
+    ) -> CodeResult<PutSource> {
+        if let Some(source) = self.staged_source(parts, total, &mut round.staged) {
+            return Ok(source);
+        }
+        let fits = total <= self.inner.memory.lock().staging_capacity();
+        if fits && !round.staged.is_empty() {
+            flush(round);
+            if let Some(source) = self.staged_source(parts, total, &mut round.staged) {
+                return Ok(source);
+            }
+        }
+        inline_source(parts, total)
+    }
+
+    /// Sends the items of `round` (one request) and releases its staging.
+    fn send_round(
+        &self,
+        round: &mut WriteRound,
+        results: &mut [CodeResult<()>],
+        config: &ReplicateConfig,
+        mode: WriteMode,
+    ) {
+        let items = std::mem::take(&mut round.items);
+        if !items.is_empty() {
+            let (positions, requests): (Vec<usize>, Vec<PutItem>) = items.into_iter().unzip();
             let count = requests.len();
             let config = config.clone();
             let answers = self.call_batch(count, DATA_DEADLINE, |rpc, ctx| async move {
@@ -292,17 +333,12 @@ impl DummyClient {
                 results[index] = answer;
             }
         }
-        self.unstage(&staged);
-        results
+        self.unstage(&std::mem::take(&mut round.staged));
     }
 
-    /// How the bytes of one item travel: as shared ranges when every part is in shared
-    /// memory (or unknown, for the real client to reject), else copied once.
-    fn source_of(
-        &self,
-        parts: &[Part<'_>],
-        staged: &mut Vec<StagingBlock>,
-    ) -> CodeResult<PutSource> {
+    /// How the bytes of one item travel: as ranges when every part is memory the real
+    /// client reaches (or unknown, for the real client to reject), else copied once.
+    fn plan(&self, parts: &[Part<'_>]) -> CodeResult<Plan> {
         let kinds: Vec<RangeKind> = {
             let memory = self.inner.memory.lock();
             parts
@@ -324,48 +360,75 @@ impl DummyClient {
                     Part::Bytes(_) => None,
                 })
                 .collect();
-            return Ok(PutSource::Shared(ranges));
+            return Ok(Plan::Direct(ranges));
         }
         if kinds.contains(&RangeKind::Foreign) {
             return Err(ErrorCode::INVALID_PARAMS);
         }
-        let total = parts
+        parts
             .iter()
-            .try_fold(0u64, |acc, part| {
-                let len = match part {
-                    Part::Bytes(bytes) => bytes.len() as u64,
-                    Part::Range { len, .. } => *len,
-                };
-                acc.checked_add(len)
-            })
-            .ok_or(ErrorCode::INVALID_PARAMS)?;
-        match self.stage(total) {
-            Some(block) => {
-                let mut offset = 0u64;
-                for part in parts {
-                    offset += copy_part(part, &block, offset);
-                }
-                let range = block.range();
-                staged.push(block);
-                Ok(PutSource::Shared(vec![range]))
-            }
-            None => {
-                let capacity = usize::try_from(total).map_err(|_| ErrorCode::INVALID_PARAMS)?;
-                let mut bytes = Vec::with_capacity(capacity);
-                for part in parts {
-                    match part {
-                        Part::Bytes(b) => bytes.extend_from_slice(b),
-                        Part::Range { addr, len } => {
-                            let len =
-                                usize::try_from(*len).map_err(|_| ErrorCode::INVALID_PARAMS)?;
-                            bytes.extend_from_slice(&user_memory::to_vec(*addr, len));
-                        }
-                    }
-                }
-                Ok(PutSource::Inline(ByteBuf::from(bytes)))
+            .try_fold(0u64, |acc, part| acc.checked_add(part_len(part)))
+            .map(Plan::Copy)
+            .ok_or(ErrorCode::INVALID_PARAMS)
+    }
+
+    /// The item copied into one staging block (kept in `staged` until its round is
+    /// sent); `None` when the staging buffer has no room for `total` bytes.
+    fn staged_source(
+        &self,
+        parts: &[Part<'_>],
+        total: u64,
+        staged: &mut Vec<StagingBlock>,
+    ) -> Option<PutSource> {
+        let block = self.stage(total)?;
+        let mut offset = 0u64;
+        for part in parts {
+            offset += copy_part(part, &block, offset);
+        }
+        let range = block.range();
+        staged.push(block);
+        Some(PutSource::Shared(vec![range]))
+    }
+}
+
+/// How an item's bytes reach the real client.
+enum Plan {
+    /// As ranges the real client reads itself.
+    Direct(Vec<MemRange>),
+    /// Copied by the dummy (this many bytes), into staging or the request.
+    Copy(u64),
+}
+
+/// Requests gathered for one request, with the staging they use.
+#[derive(Default)]
+struct WriteRound {
+    /// (position in the caller's batch, item).
+    items: Vec<(usize, PutItem)>,
+    /// Staging blocks the items name, released once the round is answered.
+    staged: Vec<StagingBlock>,
+}
+
+fn part_len(part: &Part<'_>) -> u64 {
+    match part {
+        Part::Bytes(bytes) => bytes.len() as u64,
+        Part::Range { len, .. } => *len,
+    }
+}
+
+/// The item's bytes inside the request (it does not fit the staging buffer).
+fn inline_source(parts: &[Part<'_>], total: u64) -> CodeResult<PutSource> {
+    let capacity = usize::try_from(total).map_err(|_| ErrorCode::INVALID_PARAMS)?;
+    let mut bytes = Vec::with_capacity(capacity);
+    for part in parts {
+        match part {
+            Part::Bytes(b) => bytes.extend_from_slice(b),
+            Part::Range { addr, len } => {
+                let len = usize::try_from(*len).map_err(|_| ErrorCode::INVALID_PARAMS)?;
+                bytes.extend_from_slice(&user_memory::to_vec(*addr, len));
             }
         }
     }
+    Ok(PutSource::Inline(ByteBuf::from(bytes)))
 }
 
 /// Copies one part into `block` at `offset`; returns the bytes copied.

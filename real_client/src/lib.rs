@@ -10,6 +10,8 @@
 //! * [`server`]: listener, peer credential check, per-dummy tarpc channels;
 //! * [`handshake`]: hello and shared-memory registration;
 //! * [`session`]: per-dummy state, released when the dummy's connection closes;
+//! * [`declared`]: ordinary memory a dummy declared, reached across processes;
+//! * [`region`]: a range of a dummy's memory as the store copies it;
 //! * [`rpc`]: the request handlers;
 //! * [`store`]: puts and gets against the master and the segment.
 //!
@@ -18,6 +20,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod declared;
 pub mod disk;
 pub mod disk_staging;
 pub mod handshake;
@@ -25,6 +28,7 @@ pub mod in_process;
 mod liveness;
 pub mod master_link;
 pub mod metrics;
+pub mod region;
 pub mod rpc;
 pub mod server;
 pub mod session;

@@ -9,13 +9,13 @@ use tarpc::context::Context;
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master::TaskInfo;
 use mooncake_core::protocol::rpc::{
-    GetItem, MemRange, PingReply, PutItem, PutSource, RangeRead, RealClientRpc, StatusReport,
-    WriteMode,
+    Declaration, GetItem, MemRange, PingReply, PutItem, PutSource, RangeRead, RealClientRpc,
+    StatusReport, WriteMode,
 };
 use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig};
-use mooncake_shm::MemSlice;
 
 use crate::metrics::Op;
+use crate::region::Region;
 use crate::server::ServerState;
 use crate::session::Session;
 use crate::store::Payload;
@@ -30,13 +30,17 @@ pub struct DummyHandler {
 }
 
 impl DummyHandler {
-    fn translate(&self, range: MemRange) -> CodeResult<MemSlice> {
-        self.session
-            .translate(range.addr, range.len)
-            .map_err(|error| {
-                tracing::warn!(pid = self.session.pid, %error, "rejected a dummy range");
-                ErrorCode::INVALID_PARAMS
-            })
+    /// The dummy's range in its shared memory or its declared memory; anything else is
+    /// `INVALID_PARAMS`.
+    fn translate(&self, range: MemRange) -> CodeResult<Region> {
+        self.session.region(range.addr, range.len).map_err(|error| {
+            tracing::warn!(
+                pid = self.session.pid,
+                %error,
+                "rejected a dummy range: neither in its shared memory nor wholly inside one range of memory it declared (usable across processes)"
+            );
+            ErrorCode::INVALID_PARAMS
+        })
     }
 
     /// Records each result of a batch, sharing the batch's time among its items.
@@ -54,14 +58,14 @@ impl DummyHandler {
         }
     }
 
-    fn translate_all(&self, ranges: &[MemRange]) -> CodeResult<Vec<MemSlice>> {
+    fn translate_all(&self, ranges: &[MemRange]) -> CodeResult<Vec<Region>> {
         ranges.iter().map(|r| self.translate(*r)).collect()
     }
 
     fn payload<'a>(&self, item: &'a PutItem) -> CodeResult<Payload<'a>> {
         match &item.source {
             PutSource::Inline(bytes) => Ok(Payload::Bytes(bytes)),
-            PutSource::Shared(ranges) => Ok(Payload::Slices(self.translate_all(ranges)?)),
+            PutSource::Shared(ranges) => Ok(Payload::Regions(self.translate_all(ranges)?)),
         }
     }
 
@@ -277,5 +281,13 @@ impl RealClientRpc for DummyHandler {
 
     async fn status(self, _: Context) -> StatusReport {
         self.state.status().await
+    }
+
+    async fn declare_memory(self, _: Context, ranges: Vec<MemRange>) -> Declaration {
+        self.session.declared().declare(&ranges)
+    }
+
+    async fn forget_memory(self, _: Context, addr: u64) -> CodeResult<()> {
+        self.session.declared().forget(addr)
     }
 }

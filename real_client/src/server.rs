@@ -229,8 +229,9 @@ where
     tracing::info!(pid = info.pid, name = %info.name, "dummy detached; its shared memory is released");
 }
 
-/// Calls that only ask the master (embedded: a function call) run in the session's
-/// task; calls that copy payload or scan the index run in tasks of their own.
+/// Calls that only ask the master (embedded: a function call) or only change the
+/// session (declared memory) run in the session's task; calls that copy payload or scan
+/// the index run in tasks of their own.
 fn is_quick(request: &RealClientRpcRequest) -> bool {
     matches!(
         request,
@@ -240,6 +241,8 @@ fn is_quick(request: &RealClientRpcRequest) -> bool {
             | RealClientRpcRequest::ReplicaDesc { .. }
             | RealClientRpcRequest::Remove { .. }
             | RealClientRpcRequest::QueryTask { .. }
+            | RealClientRpcRequest::DeclareMemory { .. }
+            | RealClientRpcRequest::ForgetMemory { .. }
     )
 }
 

@@ -1,8 +1,10 @@
-//! Per-dummy state: who the dummy is and the shared memory it registered.
+//! Per-dummy state: who the dummy is, the shared memory it registered and the ordinary
+//! memory it declared.
 //!
 //! A session lives exactly as long as the dummy's main connection. When it closes (clean
 //! exit, crash, kill -9), [`Sessions::remove`] drops the session, which unmaps the
-//! dummy's memory as soon as no copy in flight still uses it.
+//! dummy's memory as soon as no copy in flight still uses it, and forgets its declared
+//! memory.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,6 +13,9 @@ use parking_lot::{Mutex, RwLock};
 
 use mooncake_core::protocol::rpc::DummyInfo;
 use mooncake_shm::{MemSlice, Registry, TranslateError};
+
+use crate::declared::DeclaredMemory;
+use crate::region::Region;
 
 /// One attached dummy.
 #[derive(Debug)]
@@ -25,10 +30,13 @@ pub struct Session {
     pub name: String,
     /// Its registered shared memory.
     registry: RwLock<Registry>,
+    /// Its declared ordinary memory.
+    declared: DeclaredMemory,
 }
 
 impl Session {
-    /// A session with no memory registered yet.
+    /// A session with no memory registered yet. Opens the dummy process (for copies of
+    /// memory it may declare) now, while it is connected.
     pub fn new(client_id: u128, pid: u32, uid: u32, name: String) -> Self {
         Session {
             client_id,
@@ -36,12 +44,27 @@ impl Session {
             uid,
             name,
             registry: RwLock::new(Registry::default()),
+            declared: DeclaredMemory::new(pid, uid),
         }
     }
 
     /// Translates a dummy range into its shared memory.
     pub fn translate(&self, addr: u64, len: u64) -> Result<MemSlice, TranslateError> {
         self.registry.read().translate(addr, len)
+    }
+
+    /// The dummy's `addr..addr+len`: inside its shared memory, or else wholly inside
+    /// one range of ordinary memory it declared (when that can be reached).
+    pub fn region(&self, addr: u64, len: u64) -> Result<Region, TranslateError> {
+        match self.translate(addr, len) {
+            Ok(slice) => Ok(Region::Mapped(slice)),
+            Err(error) => self.declared.region(addr, len).ok_or(error),
+        }
+    }
+
+    /// The ordinary memory the dummy declared.
+    pub fn declared(&self) -> &DeclaredMemory {
+        &self.declared
     }
 
     /// The registry, for adding segments.
@@ -59,6 +82,8 @@ impl Session {
             name: self.name.clone(),
             segments: u32::try_from(registry.segment_count()).unwrap_or(u32::MAX),
             mapped_bytes: registry.mapped_bytes(),
+            declared_ranges: u32::try_from(self.declared.count()).unwrap_or(u32::MAX),
+            cross_memory: self.declared.reachable(),
         }
     }
 }

@@ -1,7 +1,10 @@
 //! The object store as seen from one real client: writes and reads through the master,
 //! this node's segment (memcpy) and peers' segments (the transfer engine). The RPC
 //! handlers and the in-process (embedded) API both call it with already-translated
-//! memory.
+//! memory: [`Region`]s of a dummy's shared memory (mapped here) or of its declared
+//! ordinary memory (copied once across processes, straight to or from the segment; a
+//! peer's segment is reached through a private bounce buffer, because the transfer
+//! engine sends from and receives into mappings of this process).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,14 +18,16 @@ use mooncake_shm::MemSlice;
 
 use crate::disk::DiskTier;
 use crate::master_link::MasterLink;
+use crate::region::Region;
 use crate::transfer::TransferClient;
+use crate::transfer::client::Transfer;
 use crate::transfer::server::ServedSegment;
 
-/// Bytes to write: shared-memory slices (concatenated) or ordinary memory.
+/// Bytes to write: ranges of a dummy's memory (concatenated) or bytes of this process.
 #[derive(Debug)]
 pub enum Payload<'a> {
-    /// Ranges of registered shared memory, in order.
-    Slices(Vec<MemSlice>),
+    /// Ranges of the dummy's shared or declared memory, in order.
+    Regions(Vec<Region>),
     /// Bytes in this process.
     Bytes(&'a [u8]),
 }
@@ -31,12 +36,53 @@ impl Payload<'_> {
     /// Total length, or `None` if it overflows.
     pub fn total_len(&self) -> Option<u64> {
         match self {
-            Payload::Slices(slices) => slices
+            Payload::Regions(regions) => regions
                 .iter()
-                .try_fold(0u64, |acc, s| acc.checked_add(s.len() as u64)),
+                .try_fold(0u64, |acc, r| acc.checked_add(r.len())),
             Payload::Bytes(bytes) => Some(bytes.len() as u64),
         }
     }
+
+    /// True when the transfer engine can send every byte from where it is (bytes of
+    /// this process and declared memory of a dummy must be bounced first).
+    fn is_mapped(&self) -> bool {
+        match self {
+            Payload::Regions(regions) => regions.iter().all(|r| r.mapped().is_some()),
+            Payload::Bytes(_) => false,
+        }
+    }
+
+    /// The whole payload copied into one private shared buffer (for peers).
+    fn bounce(&self) -> CodeResult<MemSlice> {
+        let staged = stage_zeroed(self.total_len().ok_or(ErrorCode::INVALID_PARAMS)?)?;
+        match self {
+            Payload::Bytes(bytes) => {
+                staged.write_from(bytes);
+            }
+            Payload::Regions(regions) => {
+                let mut offset = 0u64;
+                for region in regions {
+                    let part = staged
+                        .sub(offset, region.len())
+                        .ok_or(ErrorCode::INTERNAL_ERROR)?;
+                    region.copy_into(&part)?;
+                    offset += region.len();
+                }
+            }
+        }
+        Ok(staged)
+    }
+}
+
+/// One copy of a batch write bound for a peer's segment.
+#[derive(Debug)]
+struct PeerWrite {
+    /// The batch item it belongs to.
+    item: usize,
+    endpoint: String,
+    segment: u64,
+    offset: u64,
+    source: MemSlice,
 }
 
 /// Where one replica's bytes are, seen from this node.
@@ -158,14 +204,14 @@ impl Store {
                 dest.write_from(bytes);
                 Ok(())
             }
-            (Place::Local(dest), Payload::Slices(slices)) => {
+            (Place::Local(dest), Payload::Regions(regions)) => {
                 let mut offset = 0u64;
-                for slice in slices {
+                for region in regions {
                     let part = dest
-                        .sub(offset, slice.len() as u64)
+                        .sub(offset, region.len())
                         .ok_or(ErrorCode::INTERNAL_ERROR)?;
-                    slice.copy_to(&part);
-                    offset += slice.len() as u64;
+                    region.copy_into(&part)?;
+                    offset += region.len();
                 }
                 Ok(())
             }
@@ -175,12 +221,14 @@ impl Store {
                     segment,
                     offset,
                 },
-                Payload::Slices(slices),
+                Payload::Regions(regions),
             ) => transfer_blocking(|| {
                 let mut at = offset;
-                for slice in slices {
+                for region in regions {
+                    // `write_replicas` bounced every region that is not mapped here.
+                    let slice = region.mapped().ok_or(ErrorCode::INTERNAL_ERROR)?;
                     self.transfers.write(endpoint, segment, at, slice)?;
-                    at += slice.len() as u64;
+                    at += region.len();
                 }
                 Ok(())
             }),
@@ -227,21 +275,38 @@ impl Store {
             }
         }
         let started = self.master.put_start_many(&starts, config, mode).await;
-        let (mut ended, mut ended_at, mut revoked) = (Vec::new(), Vec::new(), Vec::new());
+        // Copies into this node's segment happen now; copies to peers are collected and
+        // then pipelined, one connection per peer for the whole batch.
+        let mut to_peers = Vec::new();
+        let mut copied = Vec::with_capacity(started.len());
+        let mut revoked = Vec::new();
         for ((index, (key, _)), outcome) in positions.into_iter().zip(starts).zip(started) {
             match outcome {
-                Ok(started) => match self.write_replicas(&started, &items[index].1) {
-                    Ok(()) => {
-                        ended.push((key, started.write_id));
-                        ended_at.push(index);
+                Ok(started) => {
+                    match self.write_replicas(&started, &items[index].1, index, &mut to_peers) {
+                        Ok(()) => copied.push((index, key, started.write_id)),
+                        Err(code) => {
+                            results[index] = Err(code);
+                            revoked.push((key, started.write_id));
+                        }
                     }
-                    Err(code) => {
-                        results[index] = Err(code);
-                        revoked.push((key, started.write_id));
-                    }
-                },
+                }
                 Err(ErrorCode::OBJECT_ALREADY_EXISTS) if mode == WriteMode::Put => {}
                 Err(code) => results[index] = Err(code),
+            }
+        }
+        let failed = self.write_to_peers(&to_peers);
+        let (mut ended, mut ended_at) = (Vec::new(), Vec::new());
+        for (index, key, write_id) in copied {
+            match failed.get(&index) {
+                Some(code) => {
+                    results[index] = Err(*code);
+                    revoked.push((key, write_id));
+                }
+                None => {
+                    ended.push((key, write_id));
+                    ended_at.push(index);
+                }
             }
         }
         if !revoked.is_empty() {
@@ -256,37 +321,97 @@ impl Store {
         results
     }
 
-    /// Copies `payload` into every replica a started write was given.
-    fn write_replicas(&self, started: &PutStarted, payload: &Payload<'_>) -> CodeResult<()> {
+    /// Copies `payload` into every replica of a started write in this node's segment,
+    /// and adds the copies bound for peers to `to_peers` (tagged with `item`).
+    fn write_replicas(
+        &self,
+        started: &PutStarted,
+        payload: &Payload<'_>,
+        item: usize,
+        to_peers: &mut Vec<PeerWrite>,
+    ) -> CodeResult<()> {
         let staged;
-        let payload = match payload {
-            // Bytes bound for a peer travel from a shared buffer of this process.
-            Payload::Bytes(bytes)
-                if started
-                    .replicas
-                    .iter()
-                    .any(|r| matches!(self.place(r), Ok(Place::Remote { .. }))) =>
-            {
-                staged = Payload::Slices(vec![stage_bytes(bytes)?]);
-                &staged
-            }
-            other => other,
-        };
-        started
+        let to_peer = started
             .replicas
             .iter()
-            .try_for_each(|replica| self.write_replica(replica, payload))
+            .any(|r| matches!(self.place(r), Ok(Place::Remote { .. })));
+        // Bytes and declared memory bound for a peer travel from a private shared
+        // buffer of this process (copied there once, then sent).
+        let payload = if to_peer && !payload.is_mapped() {
+            staged = Payload::Regions(vec![Region::Mapped(payload.bounce()?)]);
+            &staged
+        } else {
+            payload
+        };
+        for replica in &started.replicas {
+            match (self.place(replica)?, payload) {
+                (
+                    Place::Remote {
+                        endpoint,
+                        segment,
+                        offset,
+                    },
+                    Payload::Regions(regions),
+                ) => {
+                    let mut at = offset;
+                    for region in regions {
+                        // Bounced above when not mapped here.
+                        let slice = region.mapped().ok_or(ErrorCode::INTERNAL_ERROR)?;
+                        to_peers.push(PeerWrite {
+                            item,
+                            endpoint: endpoint.to_string(),
+                            segment,
+                            offset: at,
+                            source: slice.clone(),
+                        });
+                        at += region.len();
+                    }
+                }
+                _ => self.write_replica(replica, payload)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the collected peer copies, pipelined per peer; answers the items whose
+    /// copy failed, with the failure.
+    fn write_to_peers(&self, writes: &[PeerWrite]) -> std::collections::HashMap<usize, ErrorCode> {
+        let mut by_peer: std::collections::BTreeMap<&str, Vec<&PeerWrite>> = Default::default();
+        for write in writes {
+            by_peer
+                .entry(write.endpoint.as_str())
+                .or_default()
+                .push(write);
+        }
+        let mut failed = std::collections::HashMap::new();
+        for (endpoint, writes) in by_peer {
+            let transfers: Vec<Transfer<'_>> = writes
+                .iter()
+                .map(|w| Transfer {
+                    segment: w.segment,
+                    offset: w.offset,
+                    local: &w.source,
+                })
+                .collect();
+            let outcomes = transfer_blocking(|| self.transfers.write_many(endpoint, &transfers));
+            for (write, outcome) in writes.iter().zip(outcomes) {
+                if let Err(code) = outcome {
+                    failed.entry(write.item).or_insert(code);
+                }
+            }
+        }
+        failed
     }
 
     /// Copies the object into `dest`, which must be at least as large (else
     /// `BUFFER_OVERFLOW`). Returns the object size.
-    pub async fn get_into(&self, key: &str, dest: &MemSlice) -> CodeResult<u64> {
+    pub async fn get_into(&self, key: &str, dest: &Region) -> CodeResult<u64> {
         self.get_scatter(key, std::slice::from_ref(dest)).await
     }
 
     /// Copies the object into `dests` in order (each filled before the next); together
     /// they must hold the whole object (else `BUFFER_OVERFLOW`). Returns the object size.
-    pub async fn get_scatter(&self, key: &str, dests: &[MemSlice]) -> CodeResult<u64> {
+    pub async fn get_scatter(&self, key: &str, dests: &[Region]) -> CodeResult<u64> {
         self.read(key, |size| scatter(dests, size)).await
     }
 
@@ -298,11 +423,7 @@ impl Store {
     /// Copies fragments of one object under a single lease: each `(dest, src_offset)`
     /// gets `dest.len()` bytes from `src_offset`, or `INVALID_PARAMS` when that runs past
     /// the object. A missing object fails every fragment with the same code.
-    pub async fn get_ranges(
-        &self,
-        key: &str,
-        fragments: &[(MemSlice, u64)],
-    ) -> Vec<CodeResult<u64>> {
+    pub async fn get_ranges(&self, key: &str, fragments: &[(Region, u64)]) -> Vec<CodeResult<u64>> {
         let verdicts = parking_lot::Mutex::new(Vec::new());
         let result = self
             .read(key, |size| {
@@ -310,11 +431,11 @@ impl Store {
                 let mut out = Vec::new();
                 for (dest, src_offset) in fragments {
                     let fits = src_offset
-                        .checked_add(dest.len() as u64)
+                        .checked_add(dest.len())
                         .is_some_and(|end| end <= size);
                     if fits {
                         pieces.push((*src_offset, dest.clone()));
-                        out.push(Ok(dest.len() as u64));
+                        out.push(Ok(dest.len()));
                     } else {
                         out.push(Err(ErrorCode::INVALID_PARAMS));
                     }
@@ -337,7 +458,7 @@ impl Store {
     async fn read(
         &self,
         key: &str,
-        plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, MemSlice)>>,
+        plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, Region)>>,
     ) -> CodeResult<u64> {
         self.read_with(&self.master, key, plan).await
     }
@@ -349,7 +470,7 @@ impl Store {
         self.read_with(link, key, |size| {
             let staged = stage_zeroed(size)?;
             *buffer.lock() = Some(staged.clone());
-            Ok(vec![(0, staged)])
+            Ok(vec![(0, Region::Mapped(staged))])
         })
         .await?;
         buffer
@@ -363,7 +484,7 @@ impl Store {
         &self,
         link: &MasterLink,
         key: &str,
-        plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, MemSlice)>>,
+        plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, Region)>>,
     ) -> CodeResult<u64> {
         let before = Instant::now();
         let located = link.get_replica_list(key).await?;
@@ -373,7 +494,7 @@ impl Store {
     /// Copies each object into its destinations as
     /// [`get_scatter`](Self::get_scatter) does, with one master round trip for the
     /// whole batch. One result (the object size) per item, in order.
-    pub async fn get_scatter_many(&self, items: &[(&str, Vec<MemSlice>)]) -> Vec<CodeResult<u64>> {
+    pub async fn get_scatter_many(&self, items: &[(&str, Vec<Region>)]) -> Vec<CodeResult<u64>> {
         let before = Instant::now();
         let keys: Vec<&str> = items.iter().map(|(key, _)| *key).collect();
         let located = self.master.get_replica_lists(&keys).await;
@@ -393,7 +514,7 @@ impl Store {
         stored_key: &str,
         (mut replicas, lease): (Vec<ReplicaDescriptor>, std::time::Duration),
         before: Instant,
-        plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, MemSlice)>>,
+        plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, Region)>>,
     ) -> CodeResult<u64> {
         // This node's replica first (a memcpy), then the peers' in the master's order.
         replicas.sort_by_key(|r| !matches!(self.place(r), Ok(Place::Local(_))));
@@ -418,8 +539,8 @@ impl Store {
 
 /// The `(object offset, destination)` pieces that fill `dests` in order with an object
 /// of `size` bytes; `BUFFER_OVERFLOW` when they hold less.
-fn scatter(dests: &[MemSlice], size: u64) -> CodeResult<Vec<(u64, MemSlice)>> {
-    let capacity = dests.iter().map(|d| d.len() as u64).sum::<u64>();
+fn scatter(dests: &[Region], size: u64) -> CodeResult<Vec<(u64, Region)>> {
+    let capacity = dests.iter().map(Region::len).sum::<u64>();
     if capacity < size {
         return Err(ErrorCode::BUFFER_OVERFLOW);
     }
@@ -429,7 +550,7 @@ fn scatter(dests: &[MemSlice], size: u64) -> CodeResult<Vec<(u64, MemSlice)>> {
         if offset == size {
             break;
         }
-        let len = (dest.len() as u64).min(size - offset);
+        let len = dest.len().min(size - offset);
         pieces.push((offset, dest.sub(0, len).ok_or(ErrorCode::INTERNAL_ERROR)?));
         offset += len;
     }
@@ -443,7 +564,7 @@ impl Store {
         let Place::Local(source) = self.place(&task.source)? else {
             return Err(ErrorCode::INVALID_REPLICA);
         };
-        let payload = Payload::Slices(vec![source]);
+        let payload = Payload::Regions(vec![Region::Mapped(source)]);
         task.targets
             .iter()
             .try_for_each(|target| self.write_replica(target, &payload))
@@ -453,7 +574,7 @@ impl Store {
     fn copy_from(
         &self,
         replica: &ReplicaDescriptor,
-        pieces: &[(u64, MemSlice)],
+        pieces: &[(u64, Region)],
         stored_key: &str,
     ) -> CodeResult<()> {
         let from_value = |value: &[u8]| -> CodeResult<()> {
@@ -462,16 +583,18 @@ impl Store {
             }
             for (offset, dest) in pieces {
                 let start = usize::try_from(*offset).map_err(|_| ErrorCode::INVALID_PARAMS)?;
-                let part = value
-                    .get(start..start + dest.len())
+                let len = usize::try_from(dest.len()).map_err(|_| ErrorCode::INVALID_PARAMS)?;
+                let part = start
+                    .checked_add(len)
+                    .and_then(|end| value.get(start..end))
                     .ok_or(ErrorCode::INVALID_PARAMS)?;
-                dest.write_from(part);
+                dest.write_bytes(part)?;
             }
             Ok(())
         };
-        // The whole object into one destination: disk reads land there directly.
+        // The whole object into one mapped destination: disk reads land there directly.
         let whole = match pieces {
-            [(0, dest)] if dest.len() as u64 == replica.size => Some(dest),
+            [(0, dest)] if dest.len() == replica.size => dest.mapped(),
             _ => None,
         };
         match self.place(replica)? {
@@ -495,9 +618,9 @@ impl Store {
             Place::Local(source) => {
                 for (offset, dest) in pieces {
                     let part = source
-                        .sub(*offset, dest.len() as u64)
+                        .sub(*offset, dest.len())
                         .ok_or(ErrorCode::INVALID_PARAMS)?;
-                    part.copy_to(dest);
+                    dest.fill_from(&part)?;
                 }
                 Ok(())
             }
@@ -506,20 +629,21 @@ impl Store {
                 segment,
                 offset,
             } => transfer_blocking(|| {
-                pieces.iter().try_for_each(|(at, dest)| {
-                    self.transfers.read(endpoint, segment, offset + at, dest)
-                })
+                pieces
+                    .iter()
+                    .try_for_each(|(at, dest)| match dest.mapped() {
+                        Some(slice) => self.transfers.read(endpoint, segment, offset + at, slice),
+                        // Declared memory: received into a private buffer, then copied over.
+                        None => {
+                            let bounce = stage_zeroed(dest.len())?;
+                            self.transfers
+                                .read(endpoint, segment, offset + at, &bounce)?;
+                            dest.fill_from(&bounce)
+                        }
+                    })
             }),
         }
     }
-}
-
-/// A process-private shared buffer holding `bytes` (for sending ordinary memory to a
-/// peer through the same path as shared memory).
-fn stage_bytes(bytes: &[u8]) -> CodeResult<MemSlice> {
-    let slice = stage_zeroed(bytes.len() as u64)?;
-    slice.write_from(bytes);
-    Ok(slice)
 }
 
 fn stage_zeroed(len: u64) -> CodeResult<MemSlice> {

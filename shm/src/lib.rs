@@ -21,7 +21,12 @@
 //!   last mapping and fd are gone.
 //! * **If the real client dies**, the dummy keeps its memfds and registers them again
 //!   with the next real client instance.
+//!
+//! Ordinary memory of a dummy (heap, numpy, pinned host memory) is never mapped: the
+//! real client copies it across processes ([`cross_memory`]), with its own lifecycle
+//! described there.
 
+pub mod cross_memory;
 pub mod fd_passing;
 pub mod pool;
 pub mod registry;

@@ -335,7 +335,7 @@ impl MemSlice {
         self.len == 0
     }
 
-    fn ptr(&self) -> *mut u8 {
+    pub(crate) fn ptr(&self) -> *mut u8 {
         // SAFETY: `offset < mem.len` was checked when the slice was made.
         unsafe { self.mem.ptr().add(self.offset) }
     }

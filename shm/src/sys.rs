@@ -84,3 +84,112 @@ pub(crate) unsafe fn recv_all(
     }
     Ok(())
 }
+
+/// Largest transfer handed to one `process_vm_readv`/`process_vm_writev` call (the
+/// kernel caps a call near 2 GiB).
+const CROSS_MEMORY_CHUNK: usize = 1 << 30;
+
+/// Which way a cross-memory copy goes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Direction {
+    /// From the other process into this one (`process_vm_readv`).
+    Read,
+    /// From this process into the other one (`process_vm_writev`).
+    Write,
+}
+
+/// Copies all of `len` bytes between `local..local+len` in this process and
+/// `remote..remote+len` in process `pid`, in the direction given. A call that moves no
+/// bytes (an unmapped remote page) is `EFAULT`.
+///
+/// # Safety
+/// `local..local+len` must lie inside a live mapping of this process that the caller
+/// keeps alive for the whole call, writable for [`Direction::Read`]. The remote range
+/// is checked by the kernel, never dereferenced here.
+pub(crate) unsafe fn cross_memory_copy(
+    direction: Direction,
+    pid: libc::pid_t,
+    local: *mut u8,
+    remote: u64,
+    len: usize,
+) -> std::io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let chunk = (len - done).min(CROSS_MEMORY_CHUNK);
+        let local_iov = libc::iovec {
+            // SAFETY: `done < len`, so the pointer stays inside the caller's range.
+            iov_base: unsafe { local.add(done) }.cast(),
+            iov_len: chunk,
+        };
+        let remote_iov = libc::iovec {
+            iov_base: (remote + done as u64) as *mut libc::c_void,
+            iov_len: chunk,
+        };
+        // SAFETY: one iovec each; the local one lies inside the caller's live range
+        // (see the function's contract), the remote one is checked by the kernel.
+        let moved = unsafe {
+            match direction {
+                Direction::Read => libc::process_vm_readv(pid, &local_iov, 1, &remote_iov, 1, 0),
+                Direction::Write => libc::process_vm_writev(pid, &local_iov, 1, &remote_iov, 1, 0),
+            }
+        };
+        if moved < 0 {
+            let error = std::io::Error::last_os_error();
+            if error.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        if moved == 0 {
+            return Err(std::io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        done += moved.unsigned_abs();
+    }
+    Ok(())
+}
+
+/// A pidfd for process `pid` (`pidfd_open`, Linux 5.3).
+pub(crate) fn pidfd_open(pid: libc::pid_t) -> std::io::Result<std::os::fd::OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let fd = std::os::fd::RawFd::try_from(fd)
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the kernel just returned this descriptor, and nothing else owns it.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
+/// True when the process behind `pidfd` has exited (its pidfd polls readable).
+pub(crate) fn pidfd_exited(pidfd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<bool> {
+    let mut entry = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&pidfd),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd, zero timeout.
+        let ready = unsafe { libc::poll(&mut entry, 1, 0) };
+        if ready >= 0 {
+            return Ok(ready > 0);
+        }
+        let error = std::io::Error::last_os_error();
+        if error.kind() != std::io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+}
+
+/// Names `pid` as the one process (besides ancestors) that may ptrace this one under
+/// Yama's `ptrace_scope` 1 (`prctl(PR_SET_PTRACER)`); replaces an earlier choice.
+pub(crate) fn set_ptracer(pid: libc::pid_t) -> std::io::Result<()> {
+    let tracer = libc::c_ulong::try_from(pid)
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: PR_SET_PTRACER takes one integer argument and touches no memory of ours.
+    let rc = unsafe { libc::prctl(libc::PR_SET_PTRACER, tracer, 0, 0, 0) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -6,9 +6,17 @@
 
 ``python _workers.py stress ADDRESS PREFIX NKEYS SECONDS WORKER_ID``
     the mixed workload of the concurrency test; prints a JSON report on the last line.
+
+``python _workers.py staging ADDRESS PREFIX``
+    heap buffers in dummy mode with a 2 MiB staging buffer (batches larger than it,
+    values larger than it); prints a JSON report of the bytes copied through staging
+    per step, with the step's expected byte count and whether the data came back
+    byte-exact. Its own process, so that the copy counter and the once-per-process log
+    line are its own.
 """
 
 import json
+import os
 import random
 import sys
 import time
@@ -90,6 +98,67 @@ def stress(address, prefix, nkeys, seconds, worker_id):
     sys.exit(1 if report["wrong_count"] or report["unexpected_count"] else 0)
 
 
+def staging(address, prefix):
+    mb = 1 << 20
+    store = MooncakeDistributedStore()
+    check(store.setup_dummy(64 * mb, 2 * mb, address) == 0, "setup_dummy")
+    rng = np.random.default_rng(11)
+    src = rng.integers(0, 256, 8 * mb, dtype=np.uint8)
+    dst = np.zeros(8 * mb, dtype=np.uint8)
+    extra = np.zeros(mb, dtype=np.uint8)
+    for buffer in (src, dst, extra):
+        check(store.register_buffer(buffer.ctypes.data, buffer.nbytes) == 0, "register_buffer")
+    s, d = src.ctypes.data, dst.ctypes.data
+
+    def copied():
+        return store.status()["copied_through_staging_bytes"]
+
+    steps = []
+
+    def step(name, expected_bytes, run):
+        before = copied()
+        ok = bool(run())
+        steps.append({"step": name, "ok": ok, "copied": copied() - before, "expected": expected_bytes})
+
+    keys = [f"{prefix}-{i}" for i in range(8)]
+    # 8 MiB in one batch through a 2 MiB staging buffer: staging-sized rounds.
+    step("batch_put_from", 8 * mb, lambda: store.batch_put_from(keys, [s + i * mb for i in range(8)], [mb] * 8) == [0] * 8)
+
+    def multi_get():
+        # Each key into two scattered halves of dst (key i: its halves at i and 15 - i).
+        half = mb // 2
+        ptrs = [[d + i * half, d + (15 - i) * half] for i in range(8)]
+        got = store.batch_get_into_multi_buffers(keys, ptrs, [[half, half]] * 8)
+        exact = all(
+            np.array_equal(dst[i * half:(i + 1) * half], src[i * mb:i * mb + half])
+            and np.array_equal(dst[(15 - i) * half:(16 - i) * half], src[i * mb + half:(i + 1) * mb])
+            for i in range(8)
+        )
+        return got == [mb] * 8 and exact
+
+    step("batch_get_into_multi_buffers", 8 * mb, multi_get)
+    big = f"{prefix}-big"
+    # 3 MiB: larger than the whole staging buffer.
+    step("put_from larger than staging", 3 * mb, lambda: store.put_from(big, s + mb, 3 * mb) == 0)
+
+    def get_big():
+        dst[:] = 0
+        return store.get_into(big, d, 3 * mb) == 3 * mb and np.array_equal(dst[:3 * mb], src[mb:4 * mb])
+
+    step("get_into larger than staging", 3 * mb, get_big)
+
+    def multi_big():
+        dst[:] = 0
+        got = store.batch_get_into_multi_buffers([big], [[d + 4 * mb, d]], [[2 * mb, mb + 4096]])
+        return got == [3 * mb] and np.array_equal(dst[4 * mb:6 * mb], src[mb:3 * mb]) and np.array_equal(dst[:mb], src[3 * mb:4 * mb])
+
+    step("batch_get_into_multi_buffers larger than staging", 3 * mb, multi_big)
+    mine = [e for e in store.status()["dummies"] if e["pid"] == os.getpid()]
+    report = {"steps": steps, "cross_memory": [e["cross_memory"] for e in mine]}
+    store.close()
+    print(json.dumps(report), flush=True)
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    {"pair": pair, "stress": stress}[command](*args)
+    {"pair": pair, "stress": stress, "staging": staging}[command](*args)

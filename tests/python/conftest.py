@@ -56,11 +56,12 @@ def real_client(log_dir):
 
 @pytest.fixture
 def start_client(log_dir):
-    """``start_client(*flags, segment="128MB")``: a dedicated real client for one test."""
+    """``start_client(*flags, segment="128MB", uid=None)``: a dedicated real client for one
+    test (run as user ``uid`` when given)."""
     started = []
 
-    def start(*flags, segment="128MB", port=None):
-        client = start_real_client(log_dir, *flags, segment=segment, port=port)
+    def start(*flags, segment="128MB", port=None, uid=None):
+        client = start_real_client(log_dir, *flags, segment=segment, port=port, uid=uid)
         started.append(client)
         return client
 

@@ -33,6 +33,15 @@ def die_with_parent_prefix():
     return [setpriv, "--pdeathsig", "TERM"] if setpriv else []
 
 
+def as_user_prefix(uid):
+    """``setpriv`` running the command as ``uid`` (group ``uid``, no supplementary
+    groups), dying with the test process; ``None`` without setpriv."""
+    setpriv = shutil.which("setpriv")
+    if not setpriv:
+        return None
+    return [setpriv, "--pdeathsig", "TERM", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+
+
 def abstract_socket_name(port):
     return f"\0@mooncake_client_{port}.sock"
 
@@ -106,9 +115,11 @@ def _candidate_port(attempt):
     return 20000 + (base + 7919 * attempt) % 20000
 
 
-def start_real_client(log_dir, *flags, segment="512MB", port=None, timeout=15.0):
+def start_real_client(log_dir, *flags, segment="512MB", port=None, timeout=15.0, uid=None):
     """Starts ``mooncake_client`` on a port unique to this test session (retrying another
-    port when the socket is already in use) and waits until a dummy can attach."""
+    port when the socket is already in use) and waits until a dummy can attach. With
+    ``uid``, it runs as that user (through setpriv, which must exist)."""
+    prefix = die_with_parent_prefix() if uid is None else as_user_prefix(uid)
     binary = client_binary()
     if not binary.exists():
         raise RuntimeError(f"{binary} does not exist: build it with `cargo build --release`")
@@ -123,7 +134,7 @@ def start_real_client(log_dir, *flags, segment="512MB", port=None, timeout=15.0)
             candidate = port
         log_path = Path(log_dir) / f"mooncake_client_{candidate}_{time.monotonic_ns()}.log"
         args = [
-            *die_with_parent_prefix(),
+            *prefix,
             str(binary),
             f"--port={candidate}",
             f"--global_segment_size={segment}",

@@ -1,15 +1,24 @@
 """Zero copy where it is promised: the bytes copied through staging (the process-wide
 ``copied_through_staging_bytes`` of ``status()``) stay at zero for memory the real
-client can use in place, and count exactly the bytes of the copy-through path."""
+client can use in place or reach across processes, and count exactly the bytes of the
+copy-through path when it may not."""
 
 import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from mooncake.store import MooncakeDistributedStore, MooncakeHostMemAllocator
 
 OK = 0
 SIZE = 1 << 20
+WORKERS = Path(__file__).resolve().parent / "_workers.py"
 
 
 def copied(store):
@@ -58,16 +67,53 @@ def test_allocator_memory_is_zero_copy_in_dummy_mode(start_client, connect, keys
             allocator.free(p)
 
 
-def test_heap_memory_in_dummy_mode_counts_every_copied_byte(start_client, connect, keys):
-    store = connect(start_client().address)
-    src = np.random.default_rng(3).integers(0, 256, SIZE, dtype=np.uint8)
-    dst = np.zeros(SIZE, dtype=np.uint8)
-    assert store.register_buffer(src.ctypes.data, SIZE) == OK
-    assert store.register_buffer(dst.ctypes.data, SIZE) == OK
+def own_entry(store):
+    return next(d for d in store.status()["dummies"] if d["pid"] == os.getpid())
+
+
+def test_heap_memory_is_copied_once_by_the_real_client_in_dummy_mode(start_client, connect, keys):
+    # A 1 MiB staging buffer and 4 MiB buffers: the copy-through path could not even
+    # hold one value; the real client reads and writes the heap itself.
+    size = 4 << 20
+    store = connect(start_client().address, staging=1 << 20)
+    src = np.random.default_rng(3).integers(0, 256, size, dtype=np.uint8)
+    dst = np.zeros(size, dtype=np.uint8)
+    assert store.register_buffer(src.ctypes.data, size) == OK
+    assert store.register_buffer(dst.ctypes.data, size) == OK
+    entry = own_entry(store)
+    assert entry["cross_memory"] and entry["declared_ranges"] == 2, entry
     before = copied(store)
-    key = keys("heap")
-    assert store.put_from(key, src.ctypes.data, SIZE) == OK
-    assert copied(store) == before + SIZE
-    assert store.get_into(key, dst.ctypes.data, SIZE) == SIZE
-    assert copied(store) == before + 2 * SIZE
-    assert np.array_equal(src, dst)
+    round_trip(store, keys("heap"), src, dst, size)
+    fragments = store.get_into_ranges([dst.ctypes.data], [[keys("heap")]], [[[0]]], [[[7]]], [[[size - 7]]])
+    assert fragments == [[[size - 7]]]
+    assert np.array_equal(dst[: size - 7], src[7:])
+    assert copied(store) == before
+    # Unregistered, the buffer is forgotten by the real client too: refused, never read.
+    assert store.unregister_buffer(src.ctypes.data) == OK
+    assert own_entry(store)["declared_ranges"] == 1
+    assert store.put_from(keys("after"), src.ctypes.data, size) < 0
+
+
+def test_heap_memory_goes_through_staging_when_the_real_client_may_not_read_it(start_client, keys):
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is missing: cannot run mooncake_client as another user")
+    if os.geteuid() != 0:
+        pytest.skip("running mooncake_client as another user needs root")
+    # As nobody, without CAP_SYS_PTRACE, the real client may not read this (root) process.
+    client = start_client("--allowed_uids=0", uid=65534)
+    worker = subprocess.run(
+        [sys.executable, str(WORKERS), "staging", client.address, keys("staging")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RUST_LOG": "warn"},
+    )
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    report = json.loads(worker.stdout.strip().splitlines()[-1])
+    for step in report["steps"]:
+        assert step["ok"], step
+        assert step["copied"] == step["expected"], step
+    assert report["cross_memory"] == [False], report
+    notices = [line for line in worker.stderr.splitlines() if "copied through the staging buffer" in line]
+    assert len(notices) == 1, worker.stderr
+    assert "EPERM" in notices[0] and "CAP_SYS_PTRACE" in notices[0], notices[0]

@@ -14,4 +14,4 @@ pub mod rpc;
 pub mod serving;
 
 /// Version of the dummy ↔ real protocol; both sides must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;

@@ -1,8 +1,10 @@
 //! The RPC service a real client offers its dummies.
 //!
 //! Addresses in requests are the dummy's own: the real client translates each
-//! [`MemRange`] through the segments that dummy registered, and rejects any range that is
-//! not wholly inside one of them with `INVALID_PARAMS`, before any byte moves.
+//! [`MemRange`] through the segments that dummy registered, or, for ordinary memory the
+//! dummy declared with [`RealClientRpc::declare_memory`], reaches it across processes;
+//! it rejects any range that is not wholly inside one segment or one declared range with
+//! `INVALID_PARAMS`, before any byte moves.
 
 use std::time::Duration;
 
@@ -17,6 +19,11 @@ use crate::types::{ReplicaDescriptor, ReplicateConfig};
 pub const CONTROL_DEADLINE: Duration = Duration::from_secs(30);
 /// Deadline for calls that move payload bytes (large batches included).
 pub const DATA_DEADLINE: Duration = Duration::from_secs(600);
+
+/// Most ranges of ordinary memory one dummy may declare at a time
+/// ([`RealClientRpc::declare_memory`]); further ones are refused with
+/// `NO_AVAILABLE_HANDLE` and stay on the staging path.
+pub const MAX_DECLARED_RANGES: usize = 4096;
 
 /// A byte range in the dummy's address space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,6 +88,27 @@ pub struct RangeRead {
     pub fragments: Vec<Fragment>,
 }
 
+/// Whether the real client reads and writes a dummy's declared ordinary memory
+/// directly (`process_vm_readv` / `process_vm_writev`), probed once per session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CrossMemory {
+    /// Declared ranges are copied once, straight to and from the dummy's memory.
+    Available,
+    /// The kernel or its policy forbids it; the text says which errno and what to do.
+    /// Declared ranges must then be copied through the staging buffer.
+    Unavailable(String),
+}
+
+/// Answer to [`RealClientRpc::declare_memory`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Declaration {
+    /// One result per declared range: `INVALID_PARAMS` for an empty or wrapping range,
+    /// `NO_AVAILABLE_HANDLE` past [`MAX_DECLARED_RANGES`].
+    pub accepted: Vec<CodeResult<()>>,
+    /// Whether declared ranges can be used in place.
+    pub cross_memory: CrossMemory,
+}
+
 /// Answer to [`RealClientRpc::ping`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PingReply {
@@ -107,6 +135,11 @@ pub struct DummyInfo {
     pub segments: u32,
     /// Bytes of its shared memory the real client has mapped.
     pub mapped_bytes: u64,
+    /// Ranges of ordinary memory it declared.
+    pub declared_ranges: u32,
+    /// Whether its declared memory is reached directly (false: not probed yet, or
+    /// not permitted: the dummy copies through its staging buffer).
+    pub cross_memory: bool,
 }
 
 /// Answer to [`RealClientRpc::status`].
@@ -175,4 +208,13 @@ pub trait RealClientRpc {
     async fn remove_all(force: bool) -> CodeResult<u64>;
     /// The real client's state: dummies, mappings, segment usage, object count.
     async fn status() -> StatusReport;
+    /// Declares ranges of the dummy's ordinary memory (registered buffers outside its
+    /// shared memory) that requests may then name; a range declared again at the same
+    /// address replaces the earlier one. At most [`MAX_DECLARED_RANGES`] per call and
+    /// per session. The first declaration of a session probes whether the real client
+    /// may reach the dummy's memory.
+    async fn declare_memory(ranges: Vec<MemRange>) -> Declaration;
+    /// Forgets the declared range starting at `addr` (its buffer was unregistered);
+    /// `INVALID_PARAMS` when none starts there.
+    async fn forget_memory(addr: u64) -> CodeResult<()>;
 }

@@ -873,6 +873,7 @@ fn status_json(report: &mooncake_core::protocol::rpc::StatusReport) -> String {
             serde_json::json!({
                 "pid": d.pid, "uid": d.uid, "name": d.name,
                 "segments": d.segments, "mapped_bytes": d.mapped_bytes,
+                "declared_ranges": d.declared_ranges, "cross_memory": d.cross_memory,
             })
         })
         .collect();

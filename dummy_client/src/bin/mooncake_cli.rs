@@ -196,8 +196,13 @@ fn status(client: &DummyClient) -> Result<(), Failure> {
         format_size(report.mapped_bytes)
     );
     for dummy in &report.dummies {
+        let declared = match (dummy.declared_ranges, dummy.cross_memory) {
+            (0, _) => String::new(),
+            (n, true) => format!(", {n} declared buffers (copied once, cross-memory)"),
+            (n, false) => format!(", {n} declared buffers (through its staging buffer)"),
+        };
         println!(
-            "  pid {} uid {} {}: {} segments, {} mapped",
+            "  pid {} uid {} {}: {} segments, {} mapped{declared}",
             dummy.pid,
             dummy.uid,
             dummy.name,

@@ -1,0 +1,146 @@
+//! [`Region`]: a range of a dummy's memory that a request names, as the store reads
+//! and writes it.
+//!
+//! Shared memory the dummy registered is mapped here ([`Region::Mapped`]): a memcpy
+//! to or from the segment, or the transfer engine's socket, reaches it directly. Ordinary
+//! memory the dummy declared ([`Region::Process`]) is not mapped: it is copied once with
+//! `process_vm_readv` / `process_vm_writev` between the dummy's pages and a mapping of
+//! this process (the segment, or a private bounce buffer that feeds the transfer engine).
+
+use std::sync::Arc;
+
+use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_shm::MemSlice;
+use mooncake_shm::cross_memory::{CrossMemoryError, PeerProcess};
+
+/// A range of the dummy's ordinary memory.
+#[derive(Clone, Debug)]
+pub struct ProcessRange {
+    /// The dummy process.
+    pub process: Arc<PeerProcess>,
+    /// Start address in the dummy.
+    pub addr: u64,
+    /// Length in bytes (never 0).
+    pub len: u64,
+}
+
+/// A range of a dummy's memory, already checked against what the dummy registered or
+/// declared.
+#[derive(Clone, Debug)]
+pub enum Region {
+    /// Shared memory mapped in this process.
+    Mapped(MemSlice),
+    /// Ordinary memory of the dummy, reached across processes.
+    Process(ProcessRange),
+}
+
+impl From<MemSlice> for Region {
+    fn from(slice: MemSlice) -> Self {
+        Region::Mapped(slice)
+    }
+}
+
+/// Logs a failed cross-memory copy; the code the request gets.
+fn failed(error: &CrossMemoryError) -> ErrorCode {
+    tracing::warn!(%error, "a copy to or from a dummy's declared memory failed");
+    ErrorCode::INVALID_PARAMS
+}
+
+impl Region {
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            Region::Mapped(slice) => slice.len() as u64,
+            Region::Process(range) => range.len,
+        }
+    }
+
+    /// Always false: empty regions are never made.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The mapping, when the region is shared memory.
+    pub fn mapped(&self) -> Option<&MemSlice> {
+        match self {
+            Region::Mapped(slice) => Some(slice),
+            Region::Process(_) => None,
+        }
+    }
+
+    /// `offset..offset+len` of this region, or `None` when it is not wholly inside (or
+    /// empty).
+    pub fn sub(&self, offset: u64, len: u64) -> Option<Region> {
+        match self {
+            Region::Mapped(slice) => slice.sub(offset, len).map(Region::Mapped),
+            Region::Process(range) => {
+                let end = offset.checked_add(len)?;
+                (len > 0 && end <= range.len).then(|| {
+                    Region::Process(ProcessRange {
+                        process: Arc::clone(&range.process),
+                        addr: range.addr + offset,
+                        len,
+                    })
+                })
+            }
+        }
+    }
+
+    /// Copies `min(self.len, dest.len)` bytes of this region into `dest`.
+    pub fn copy_into(&self, dest: &MemSlice) -> CodeResult<()> {
+        match self {
+            Region::Mapped(slice) => {
+                slice.copy_to(dest);
+                Ok(())
+            }
+            Region::Process(range) => {
+                let dest = shorter(dest, range.len)?;
+                range
+                    .process
+                    .read_into(range.addr, &dest)
+                    .map_err(|e| failed(&e))
+            }
+        }
+    }
+
+    /// Copies `min(self.len, source.len)` bytes of `source` into this region.
+    pub fn fill_from(&self, source: &MemSlice) -> CodeResult<()> {
+        match self {
+            Region::Mapped(slice) => {
+                source.copy_to(slice);
+                Ok(())
+            }
+            Region::Process(range) => {
+                let source = shorter(source, range.len)?;
+                range
+                    .process
+                    .write_from(&source, range.addr)
+                    .map_err(|e| failed(&e))
+            }
+        }
+    }
+
+    /// Copies `min(self.len, bytes.len)` bytes of `bytes` into this region.
+    pub fn write_bytes(&self, bytes: &[u8]) -> CodeResult<()> {
+        let len = usize::try_from(self.len())
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        match self {
+            Region::Mapped(slice) => {
+                slice.write_from(&bytes[..len]);
+                Ok(())
+            }
+            Region::Process(range) => range
+                .process
+                .write_bytes(&bytes[..len], range.addr)
+                .map_err(|e| failed(&e)),
+        }
+    }
+}
+
+/// The first `min(slice.len, len)` bytes of `slice`.
+fn shorter(slice: &MemSlice, len: u64) -> CodeResult<MemSlice> {
+    slice
+        .sub(0, len.min(slice.len() as u64))
+        .ok_or(ErrorCode::INTERNAL_ERROR)
+}
