@@ -173,6 +173,7 @@ impl DummyMemory {
         }
     }
 
+    #[cfg(feature = "embedded")]
     /// Forgets the host segment starting at `base` (application memory borrowed in
     /// place); returns it when there was one.
     pub fn remove_borrowed(&mut self, base: u64) -> Option<Arc<SharedMemory>> {
@@ -183,6 +184,7 @@ impl DummyMemory {
         Some(self.host.remove(index))
     }
 
+    #[cfg(feature = "embedded")]
     /// Registered buffers lying inside `base..base+len`.
     pub fn registrations_within(&self, base: u64, len: u64) -> Vec<(u64, u64)> {
         let end = base.saturating_add(len);
@@ -223,6 +225,7 @@ impl DummyMemory {
         self.cross_memory = available;
     }
 
+    #[cfg(feature = "embedded")]
     /// True when `addr..addr+len` is already shared with the real client.
     pub fn is_shared(&self, addr: u64, len: u64) -> bool {
         self.in_shared_memory(addr, len)

@@ -493,47 +493,157 @@ impl Store {
 
     /// Copies each object into its destinations as
     /// [`get_scatter`](Self::get_scatter) does, with one master round trip for the
-    /// whole batch. One result (the object size) per item, in order.
+    /// whole batch; the copies from each peer are pipelined on one connection. One
+    /// result (the object size) per item, in order.
     pub async fn get_scatter_many(&self, items: &[(&str, Vec<Region>)]) -> Vec<CodeResult<u64>> {
         let before = Instant::now();
         let keys: Vec<&str> = items.iter().map(|(key, _)| *key).collect();
         let located = self.master.get_replica_lists(&keys).await;
-        items
+        let planned: Vec<CodeResult<PlannedRead>> = items
             .iter()
             .zip(located)
-            .map(|((key, dests), located)| {
-                let stored_key = self.master.scope(key);
-                self.read_located(&stored_key, located?, before, |size| scatter(dests, size))
+            .map(|((_, dests), located)| self.plan_read(located?, |size| scatter(dests, size)))
+            .collect();
+        let failed_from_peers = self.read_from_peers(&planned);
+        items
+            .iter()
+            .zip(planned)
+            .enumerate()
+            .map(|(index, ((key, _), planned))| {
+                let planned = planned?;
+                match failed_from_peers.get(&index) {
+                    // Copied from its peer: only the lease is left to check.
+                    None if self.pipelined_from_peer(&planned).is_some() => {}
+                    // Not for a peer, or its peer failed: replica by replica.
+                    _ => self.copy_planned(&self.master.scope(key), &planned)?,
+                }
+                planned.finish(before)
             })
             .collect()
+    }
+
+    /// The peer a planned read copies from in a pipelined batch: its first replica in a
+    /// peer's segment, every destination mapped here (else `None`: copied on its own).
+    fn pipelined_from_peer<'a>(&self, planned: &'a PlannedRead) -> Option<Place<'a>> {
+        let first = planned.replicas.first()?;
+        let place = self.place(first).ok()?;
+        let all_mapped = planned
+            .pieces
+            .iter()
+            .all(|(_, dest)| dest.mapped().is_some());
+        (matches!(place, Place::Remote { .. }) && all_mapped).then_some(place)
+    }
+
+    /// Copies, per peer and pipelined, every planned read whose first replica is in a
+    /// peer's segment; answers the items whose copy failed.
+    fn read_from_peers(
+        &self,
+        planned: &[CodeResult<PlannedRead>],
+    ) -> std::collections::HashSet<usize> {
+        let mut by_peer: std::collections::BTreeMap<&str, Vec<(usize, Transfer<'_>)>> =
+            Default::default();
+        for (index, planned) in planned.iter().enumerate() {
+            let Some(Place::Remote {
+                endpoint,
+                segment,
+                offset,
+            }) = planned
+                .as_ref()
+                .ok()
+                .and_then(|p| self.pipelined_from_peer(p))
+            else {
+                continue;
+            };
+            let Ok(planned) = planned else { continue };
+            for (at, dest) in &planned.pieces {
+                if let Some(local) = dest.mapped() {
+                    by_peer.entry(endpoint).or_default().push((
+                        index,
+                        Transfer {
+                            segment,
+                            offset: offset + at,
+                            local,
+                        },
+                    ));
+                }
+            }
+        }
+        let mut failed = std::collections::HashSet::new();
+        for (endpoint, reads) in by_peer {
+            let transfers: Vec<Transfer<'_>> = reads.iter().map(|(_, t)| *t).collect();
+            let outcomes = transfer_blocking(|| self.transfers.read_many(endpoint, &transfers));
+            for ((index, _), outcome) in reads.iter().zip(outcomes) {
+                if outcome.is_err() {
+                    failed.insert(*index);
+                }
+            }
+        }
+        failed
     }
 
     /// Copies from the replicas the master named (asked at `before`, with its lease).
     fn read_located(
         &self,
         stored_key: &str,
-        (mut replicas, lease): (Vec<ReplicaDescriptor>, std::time::Duration),
+        located: (Vec<ReplicaDescriptor>, std::time::Duration),
         before: Instant,
         plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, Region)>>,
     ) -> CodeResult<u64> {
-        // This node's replica first (a memcpy), then the peers' in the master's order.
+        let planned = self.plan_read(located, plan)?;
+        self.copy_planned(stored_key, &planned)?;
+        planned.finish(before)
+    }
+
+    /// Orders the replicas (this node's first, then the peers' in the master's order)
+    /// and asks `plan` for the pieces to copy.
+    fn plan_read(
+        &self,
+        (mut replicas, lease): (Vec<ReplicaDescriptor>, std::time::Duration),
+        plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, Region)>>,
+    ) -> CodeResult<PlannedRead> {
         replicas.sort_by_key(|r| !matches!(self.place(r), Ok(Place::Local(_))));
         let size = replicas.first().ok_or(ErrorCode::REPLICA_NOT_FOUND)?.size;
         let pieces = plan(size)?;
+        Ok(PlannedRead {
+            replicas,
+            lease,
+            size,
+            pieces,
+        })
+    }
+
+    /// Copies a planned read from its first replica that answers.
+    fn copy_planned(&self, stored_key: &str, planned: &PlannedRead) -> CodeResult<()> {
         let mut outcome = Err(ErrorCode::REPLICA_NOT_FOUND);
-        for replica in &replicas {
-            outcome = self.copy_from(replica, &pieces, stored_key);
+        for replica in &planned.replicas {
+            outcome = self.copy_from(replica, &planned.pieces, stored_key);
             match outcome {
                 // A peer that died since the master answered: try the next replica.
                 Err(ErrorCode::TRANSFER_FAIL) => continue,
                 _ => break,
             }
         }
-        outcome?;
-        if before.elapsed() > lease {
+        outcome
+    }
+}
+
+/// A read ready to copy: the replicas to try in order, the master's lease on them, the
+/// object size and the `(object offset, destination)` pieces.
+struct PlannedRead {
+    replicas: Vec<ReplicaDescriptor>,
+    lease: std::time::Duration,
+    size: u64,
+    pieces: Vec<(u64, Region)>,
+}
+
+impl PlannedRead {
+    /// The object size, once copied, if the lease (counted from `before`, when the
+    /// master was asked) still held: else the bytes may be stale (`LEASE_EXPIRED`).
+    fn finish(&self, before: Instant) -> CodeResult<u64> {
+        if before.elapsed() > self.lease {
             return Err(ErrorCode::LEASE_EXPIRED);
         }
-        Ok(size)
+        Ok(self.size)
     }
 }
 

@@ -35,4 +35,4 @@ mod sys;
 
 pub use pool::PoolAllocator;
 pub use registry::{Registry, TranslateError};
-pub use shared_memory::{MemSlice, SharedMemory, ShmError};
+pub use shared_memory::{MemSlice, Outgoing, SharedMemory, ShmError, send_vectored};

@@ -316,6 +316,34 @@ impl SharedMemory {
     }
 }
 
+/// One piece of a vectored send ([`send_vectored`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Outgoing<'a> {
+    /// Bytes of this process (a frame header).
+    Bytes(&'a [u8]),
+    /// A mapped range (a payload).
+    Slice(&'a MemSlice),
+}
+
+/// Sends every piece, in order, on a connected socket with as few system calls as the
+/// socket's buffer allows (no intermediate buffer): headers and payloads of many frames
+/// leave in one `sendmsg`.
+pub fn send_vectored(
+    socket: &impl std::os::fd::AsRawFd,
+    pieces: &[Outgoing<'_>],
+) -> std::io::Result<()> {
+    let raw: Vec<(*const u8, usize)> = pieces
+        .iter()
+        .map(|piece| match piece {
+            Outgoing::Bytes(bytes) => (bytes.as_ptr(), bytes.len()),
+            Outgoing::Slice(slice) => (slice.ptr().cast_const(), slice.len),
+        })
+        .collect();
+    // SAFETY: byte slices are borrowed for the call; mapped slices were bounds-checked
+    // against mappings they keep alive, and they are borrowed for the call too.
+    unsafe { sys::send_vectored_all(socket.as_raw_fd(), &raw) }
+}
+
 /// A bounds-checked range of some [`SharedMemory`] that keeps the mapping alive.
 #[derive(Debug, Clone)]
 pub struct MemSlice {

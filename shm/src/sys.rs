@@ -53,6 +53,61 @@ pub(crate) unsafe fn send_all(
     Ok(())
 }
 
+/// Most pieces one `sendmsg` call takes (the kernel's `IOV_MAX`).
+const MAX_IOVECS: usize = 1024;
+
+/// Writes every `(ptr, len)` piece, in order, to the socket `fd` with as few `sendmsg`
+/// calls as the kernel allows (one when the socket buffer has room).
+///
+/// # Safety
+/// Each `ptr..ptr+len` must be readable for the whole call (inside a live mapping or
+/// allocation the caller keeps alive).
+pub(crate) unsafe fn send_vectored_all(
+    fd: std::os::fd::RawFd,
+    pieces: &[(*const u8, usize)],
+) -> std::io::Result<()> {
+    let mut iovecs: Vec<libc::iovec> = pieces
+        .iter()
+        .filter(|(_, len)| *len > 0)
+        .map(|&(ptr, len)| libc::iovec {
+            iov_base: ptr.cast_mut().cast(),
+            iov_len: len,
+        })
+        .collect();
+    let mut first = 0;
+    while first < iovecs.len() {
+        let last = (first + MAX_IOVECS).min(iovecs.len());
+        let batch = &mut iovecs[first..last];
+        // SAFETY: an all-zero msghdr is valid; the iovecs point into ranges the caller
+        // guarantees readable.
+        let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+        message.msg_iov = batch.as_mut_ptr();
+        message.msg_iovlen = batch.len() as _;
+        // SAFETY: `message` points at `batch`, which outlives the call.
+        let sent = unsafe { libc::sendmsg(fd, &message, libc::MSG_NOSIGNAL) };
+        if sent < 0 {
+            let error = std::io::Error::last_os_error();
+            if error.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        // Skip what went out; the first piece not fully sent starts the next call.
+        let mut sent = sent.unsigned_abs();
+        while first < iovecs.len() && sent >= iovecs[first].iov_len {
+            sent -= iovecs[first].iov_len;
+            first += 1;
+        }
+        if sent > 0 {
+            let piece = &mut iovecs[first];
+            // SAFETY: `sent < iov_len`, so the advanced pointer stays inside the piece.
+            piece.iov_base = unsafe { piece.iov_base.cast::<u8>().add(sent) }.cast();
+            piece.iov_len -= sent;
+        }
+    }
+    Ok(())
+}
+
 /// Fills all of `ptr..ptr+len` from the socket `fd`.
 ///
 /// # Safety

@@ -7,9 +7,10 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
-use mooncake_shm::MemSlice;
+use mooncake_shm::{MemSlice, Outgoing, send_vectored};
 
-use super::wire::{Op, Request, read_response};
+use super::stream::BufferedStream;
+use super::wire::{Op, REQUEST_LEN, Request, read_response};
 
 /// How long connecting to a peer may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -36,11 +37,11 @@ pub struct Transfer<'a> {
 /// Connections to peers' transfer servers, reused across transfers.
 #[derive(Debug, Default)]
 pub struct TransferClient {
-    idle: Mutex<HashMap<String, Vec<TcpStream>>>,
+    idle: Mutex<HashMap<String, Vec<BufferedStream>>>,
 }
 
 impl TransferClient {
-    fn checkout(&self, endpoint: &str) -> CodeResult<TcpStream> {
+    fn checkout(&self, endpoint: &str) -> CodeResult<BufferedStream> {
         if let Some(stream) = self.idle.lock().get_mut(endpoint).and_then(Vec::pop) {
             return Ok(stream);
         }
@@ -56,10 +57,10 @@ impl TransferClient {
         // A peer that vanishes must not hold a transfer forever.
         let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
         let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
-        Ok(stream)
+        Ok(BufferedStream::new(stream))
     }
 
-    fn checkin(&self, endpoint: &str, stream: TcpStream) {
+    fn checkin(&self, endpoint: &str, stream: BufferedStream) {
         let mut idle = self.idle.lock();
         let pool = idle.entry(endpoint.to_string()).or_default();
         if pool.len() < POOL_PER_PEER {
@@ -123,10 +124,10 @@ impl TransferClient {
         results
     }
 
-    /// Sends a window of requests (with their payloads, for writes), then reads the
-    /// answers in order (with their payloads, for reads). A broken or desynchronized
-    /// connection fails the whole window and is dropped; a peer's refusal of one
-    /// request fails only that one.
+    /// Sends a window of requests (with their payloads, for writes) in as few system
+    /// calls as the socket allows, then reads the answers in order (with their payloads,
+    /// for reads). A broken or desynchronized connection fails the whole window and is
+    /// dropped; a peer's refusal of one request fails only that one.
     fn pipeline_window(
         &self,
         endpoint: &str,
@@ -138,24 +139,32 @@ impl TransferClient {
             tracing::warn!(endpoint, error = %e, "transfer failed");
             ErrorCode::TRANSFER_FAIL
         };
-        for transfer in window {
-            let request = Request {
-                op,
-                segment: transfer.segment,
-                offset: transfer.offset,
-                len: transfer.local.len() as u64,
-            };
-            std::io::Write::write_all(&mut stream, &request.encode()).map_err(io)?;
+        let headers: Vec<[u8; REQUEST_LEN]> = window
+            .iter()
+            .map(|transfer| {
+                Request {
+                    op,
+                    segment: transfer.segment,
+                    offset: transfer.offset,
+                    len: transfer.local.len() as u64,
+                }
+                .encode()
+            })
+            .collect();
+        let mut pieces = Vec::with_capacity(window.len() * 2);
+        for (header, transfer) in headers.iter().zip(window) {
+            pieces.push(Outgoing::Bytes(header));
             if op == Op::Write {
-                transfer.local.send_to(&stream).map_err(io)?;
+                pieces.push(Outgoing::Slice(transfer.local));
             }
         }
+        send_vectored(stream.socket(), &pieces).map_err(io)?;
         let mut answers = Vec::with_capacity(window.len());
         for transfer in window {
             match read_response(&mut stream).map_err(|_| ErrorCode::TRANSFER_FAIL)? {
                 Ok(len) if len == transfer.local.len() as u64 => {
                     if op == Op::Read {
-                        transfer.local.recv_from(&stream).map_err(io)?;
+                        stream.read_into(transfer.local).map_err(io)?;
                     }
                     answers.push(Ok(()));
                 }
@@ -184,7 +193,7 @@ impl TransferClient {
             if len != dest.len() as u64 {
                 return Err(ErrorCode::TRANSFER_FAIL);
             }
-            dest.recv_from(stream).map_err(|e| disk_io(endpoint, &e))
+            stream.read_into(dest).map_err(|e| disk_io(endpoint, &e))
         })
     }
 
@@ -194,7 +203,7 @@ impl TransferClient {
         &self,
         endpoint: &str,
         key: &str,
-        receive: impl FnOnce(&mut TcpStream, u64) -> CodeResult<()>,
+        receive: impl FnOnce(&mut BufferedStream, u64) -> CodeResult<()>,
     ) -> CodeResult<()> {
         let mut stream = self.checkout(endpoint)?;
         let request = Request {
@@ -203,9 +212,12 @@ impl TransferClient {
             offset: 0,
             len: key.len() as u64,
         };
-        std::io::Write::write_all(&mut stream, &request.encode())
-            .and_then(|()| std::io::Write::write_all(&mut stream, key.as_bytes()))
-            .map_err(|e| disk_io(endpoint, &e))?;
+        let header = request.encode();
+        send_vectored(
+            stream.socket(),
+            &[Outgoing::Bytes(&header), Outgoing::Bytes(key.as_bytes())],
+        )
+        .map_err(|e| disk_io(endpoint, &e))?;
         let len = match read_response(&mut stream).map_err(|_| ErrorCode::TRANSFER_FAIL)? {
             Ok(len) => len,
             Err(code) => {

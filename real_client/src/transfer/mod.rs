@@ -5,7 +5,9 @@
 //! ([`server`]); to reach a peer it keeps a pool of connections ([`client`]), so
 //! concurrent transfers use several connections. A transfer is one request followed by
 //! the whole payload, streamed straight from or into the mapped memory: no round trip
-//! per chunk and no intermediate buffer. TCP_NODELAY is set on every connection.
+//! per chunk. Batches are pipelined: a window of requests leaves in one vectored send,
+//! the server reads them through a small buffer ([`stream`]) and sends its answers
+//! together once no further request is waiting. TCP_NODELAY is set on every connection.
 //!
 //! ```text
 //! request  := magic "MCTE" | op u8 (1 read, 2 write) | 0 u8 x3 | segment u64 LE
@@ -16,7 +18,150 @@
 
 pub mod client;
 pub mod server;
+mod stream;
 mod wire;
 
 pub use client::TransferClient;
 pub use server::TransferServer;
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicU64;
+
+    use mooncake_core::error::ErrorCode;
+    use mooncake_shm::shared_memory::PageSize;
+    use mooncake_shm::{MemSlice, SharedMemory};
+
+    use super::client::Transfer;
+    use super::server::ServedSegment;
+    use super::{TransferClient, TransferServer};
+
+    const SEGMENT_ID: u64 = 7;
+
+    fn memory(len: u64) -> Arc<SharedMemory> {
+        Arc::new(SharedMemory::create("transfer-test", len, PageSize::Normal).expect("shm"))
+    }
+
+    fn serve(len: u64) -> (TransferServer, Arc<ServedSegment>) {
+        let segment = Arc::new(ServedSegment {
+            memory: memory(len),
+            id: AtomicU64::new(SEGMENT_ID),
+            contributes: true,
+        });
+        let server = TransferServer::start(
+            "127.0.0.1:0".parse().expect("address"),
+            Arc::clone(&segment),
+            None,
+        )
+        .expect("server");
+        (server, segment)
+    }
+
+    fn patterned(memory: &Arc<SharedMemory>, index: u64, len: u64) -> MemSlice {
+        let slice = memory.slice(index * len, len).expect("slice");
+        let bytes: Vec<u8> = (0..len)
+            .map(|i| ((i * 31 + index * 7) % 251) as u8)
+            .collect();
+        slice.write_from(&bytes);
+        slice
+    }
+
+    #[test]
+    fn pipelined_batches_of_small_and_large_transfers_are_byte_exact() {
+        let (server, segment) = serve(64 << 20);
+        let endpoint = server.address().to_string();
+        let client = TransferClient::default();
+        for (count, len) in [(200u64, 4096u64), (3, 5 << 20)] {
+            let source = memory(count * len);
+            let sources: Vec<MemSlice> = (0..count).map(|i| patterned(&source, i, len)).collect();
+            let writes: Vec<Transfer<'_>> = sources
+                .iter()
+                .enumerate()
+                .map(|(i, local)| Transfer {
+                    segment: SEGMENT_ID,
+                    offset: i as u64 * len,
+                    local,
+                })
+                .collect();
+            assert!(
+                client
+                    .write_many(&endpoint, &writes)
+                    .iter()
+                    .all(Result::is_ok)
+            );
+            for (i, local) in sources.iter().enumerate() {
+                let stored = segment.memory.slice(i as u64 * len, len).expect("slice");
+                assert_eq!(stored.to_vec(), local.to_vec(), "write {i} of {len} bytes");
+            }
+            let back = memory(count * len);
+            let dests: Vec<MemSlice> = (0..count)
+                .map(|i| back.slice(i * len, len).expect("slice"))
+                .collect();
+            let reads: Vec<Transfer<'_>> = dests
+                .iter()
+                .enumerate()
+                .map(|(i, local)| Transfer {
+                    segment: SEGMENT_ID,
+                    offset: i as u64 * len,
+                    local,
+                })
+                .collect();
+            assert!(
+                client
+                    .read_many(&endpoint, &reads)
+                    .iter()
+                    .all(Result::is_ok)
+            );
+            for (dest, source) in dests.iter().zip(&sources) {
+                assert_eq!(dest.to_vec(), source.to_vec());
+            }
+        }
+    }
+
+    #[test]
+    fn a_refused_transfer_fails_alone_and_the_connection_stays_usable() {
+        let (server, segment) = serve(1 << 20);
+        let endpoint = server.address().to_string();
+        let client = TransferClient::default();
+        let source = memory(3 * 4096);
+        let sources: Vec<MemSlice> = (0..3).map(|i| patterned(&source, i, 4096)).collect();
+        let writes = [
+            Transfer {
+                segment: SEGMENT_ID,
+                offset: 0,
+                local: &sources[0],
+            },
+            Transfer {
+                segment: SEGMENT_ID + 1,
+                offset: 0,
+                local: &sources[1],
+            },
+            Transfer {
+                segment: SEGMENT_ID,
+                offset: (1 << 20) - 100,
+                local: &sources[1],
+            },
+            Transfer {
+                segment: SEGMENT_ID,
+                offset: 4096,
+                local: &sources[2],
+            },
+        ];
+        let outcomes = client.write_many(&endpoint, &writes);
+        assert_eq!(
+            outcomes,
+            vec![
+                Ok(()),
+                Err(ErrorCode::SEGMENT_NOT_FOUND),
+                Err(ErrorCode::INVALID_PARAMS),
+                Ok(())
+            ]
+        );
+        let stored = segment.memory.slice(4096, 4096).expect("slice");
+        assert_eq!(stored.to_vec(), sources[2].to_vec());
+        let dest = memory(4096).slice(0, 4096).expect("slice");
+        assert_eq!(client.read(&endpoint, SEGMENT_ID, 0, &dest), Ok(()));
+        assert_eq!(dest.to_vec(), sources[0].to_vec());
+    }
+}

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use mooncake_core::error::ErrorCode;
-use mooncake_shm::SharedMemory;
+use mooncake_shm::{MemSlice, Outgoing, SharedMemory, send_vectored};
 
-use super::wire::{Op, Request, WireError, write_response};
+use super::stream::BufferedStream;
+use super::wire::{Op, REQUEST_LEN, Request, WireError, encode_response};
 use crate::disk::DiskTier;
 
 /// The transfer listener of one real client.
@@ -77,34 +78,120 @@ impl Drop for TransferServer {
     }
 }
 
-fn serve_connection(mut stream: TcpStream, segment: &ServedSegment, disk: Option<&DiskTier>) {
+/// Answers queued on a connection before they are sent together: while more requests
+/// of a pipelined batch have already arrived, their answers wait here, so a batch of
+/// small transfers costs a few system calls and wake-ups instead of one per transfer.
+#[derive(Debug, Default)]
+struct Outbox {
+    answers: Vec<Answer>,
+    payload_bytes: usize,
+}
+
+/// One queued answer: its header and the payload that follows it.
+#[derive(Debug)]
+struct Answer {
+    header: [u8; 16],
+    payload: AnswerPayload,
+}
+
+#[derive(Debug)]
+enum AnswerPayload {
+    None,
+    Slice(MemSlice),
+}
+
+/// Queued answers beyond which the outbox is sent without waiting for the batch's end.
+const OUTBOX_ANSWERS: usize = 64;
+/// Queued payload bytes beyond which the outbox is sent.
+const OUTBOX_BYTES: usize = 256 << 10;
+
+impl Outbox {
+    fn push(&mut self, status: Result<u64, ErrorCode>, payload: AnswerPayload) {
+        self.payload_bytes += match &payload {
+            AnswerPayload::None => 0,
+            AnswerPayload::Slice(slice) => slice.len(),
+        };
+        self.answers.push(Answer {
+            header: encode_response(status),
+            payload,
+        });
+    }
+
+    fn is_full(&self) -> bool {
+        self.answers.len() >= OUTBOX_ANSWERS || self.payload_bytes >= OUTBOX_BYTES
+    }
+
+    /// Sends every queued answer in order.
+    fn flush(&mut self, stream: &TcpStream) -> std::io::Result<()> {
+        if self.answers.is_empty() {
+            return Ok(());
+        }
+        let mut pieces = Vec::with_capacity(self.answers.len() * 2);
+        for answer in &self.answers {
+            pieces.push(Outgoing::Bytes(&answer.header));
+            match &answer.payload {
+                AnswerPayload::None => {}
+                AnswerPayload::Slice(slice) => pieces.push(Outgoing::Slice(slice)),
+            }
+        }
+        let sent = send_vectored(stream, &pieces);
+        self.answers.clear();
+        self.payload_bytes = 0;
+        sent
+    }
+}
+
+fn serve_connection(stream: TcpStream, segment: &ServedSegment, disk: Option<&DiskTier>) {
     let _ = stream.set_nodelay(true);
     // Idle pooled connections may wait long between requests; a stalled peer mid-frame
     // is dropped after the write timeout.
     let _ = stream.set_write_timeout(Some(std::time::Duration::from_secs(30)));
+    let mut stream = BufferedStream::new(stream);
+    let mut outbox = Outbox::default();
     loop {
+        // Answers wait while the next request has already arrived; before waiting for
+        // one, everything queued goes out.
+        if !outbox.answers.is_empty()
+            && !next_request_ready(&mut stream).unwrap_or(false)
+            && outbox.flush(stream.socket()).is_err()
+        {
+            return;
+        }
         let request = match Request::read_from(&mut stream) {
             Ok(request) => request,
             Err(WireError::Io(_)) => return,
             Err(error) => {
                 tracing::warn!(%error, "closing a transfer connection");
-                let _ = write_response(&mut stream, Err(ErrorCode::INVALID_PARAMS));
+                outbox.push(Err(ErrorCode::INVALID_PARAMS), AnswerPayload::None);
+                let _ = outbox.flush(stream.socket());
                 return;
             }
         };
         let served = if request.op == Op::ReadDisk {
-            serve_disk_read(&mut stream, disk, request.len)
+            serve_disk_read(&mut stream, &mut outbox, disk, request.len)
         } else {
-            serve_request(&mut stream, segment, request)
+            serve_request(&mut stream, &mut outbox, segment, request)
         };
-        if served.is_err() {
+        if served.is_err() || (outbox.is_full() && outbox.flush(stream.socket()).is_err()) {
             return;
         }
     }
 }
 
+/// True when a whole request header has arrived (receiving what is there, without
+/// waiting).
+fn next_request_ready(stream: &mut BufferedStream) -> std::io::Result<bool> {
+    while stream.buffered() < REQUEST_LEN {
+        if !stream.fill_if_ready()? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 fn serve_request(
-    stream: &mut TcpStream,
+    stream: &mut BufferedStream,
+    outbox: &mut Outbox,
     segment: &ServedSegment,
     request: Request,
 ) -> std::io::Result<()> {
@@ -117,31 +204,27 @@ fn serve_request(
         Err(ErrorCode::SEGMENT_NOT_FOUND)
     };
     match (request.op, slice) {
-        (Op::Read, Ok(slice)) => {
-            write_response(stream, Ok(request.len))?;
-            slice.send_to(stream)
-        }
+        (Op::Read, Ok(slice)) => outbox.push(Ok(request.len), AnswerPayload::Slice(slice)),
         (Op::Write, Ok(slice)) => {
-            slice.recv_from(stream)?;
-            write_response(stream, Ok(request.len))
+            stream.read_into(&slice)?;
+            outbox.push(Ok(request.len), AnswerPayload::None);
         }
-        (Op::Read, Err(code)) => write_response(stream, Err(code)),
-        (Op::ReadDisk, _) => write_response(stream, Err(ErrorCode::INVALID_PARAMS)),
+        (Op::Read, Err(code)) => outbox.push(Err(code), AnswerPayload::None),
+        (Op::ReadDisk, _) => outbox.push(Err(ErrorCode::INVALID_PARAMS), AnswerPayload::None),
         (Op::Write, Err(code)) => {
             // Drain the payload so the connection stays usable, then refuse.
-            std::io::copy(
-                &mut std::io::Read::take(&mut *stream, request.len),
-                &mut std::io::sink(),
-            )?;
-            write_response(stream, Err(code))
+            stream.discard(request.len)?;
+            outbox.push(Err(code), AnswerPayload::None);
         }
     }
+    Ok(())
 }
 
 /// Reads a key of `key_len` bytes from the peer and answers with that object from this
 /// node's SSD tier.
 fn serve_disk_read(
-    stream: &mut TcpStream,
+    stream: &mut BufferedStream,
+    outbox: &mut Outbox,
     disk: Option<&DiskTier>,
     key_len: u64,
 ) -> std::io::Result<()> {
@@ -153,10 +236,18 @@ fn serve_disk_read(
         (_, Err(_)) => Err(ErrorCode::INVALID_KEY),
     };
     match value {
+        // The value holds a staging lease: it goes out now, after the queued answers.
         Ok(value) => {
-            write_response(stream, Ok(value.len() as u64))?;
-            std::io::Write::write_all(stream, &value)
+            outbox.flush(stream.socket())?;
+            let header = encode_response(Ok(value.len() as u64));
+            send_vectored(
+                stream.socket(),
+                &[Outgoing::Bytes(&header), Outgoing::Bytes(&value)],
+            )
         }
-        Err(code) => write_response(stream, Err(code)),
+        Err(code) => {
+            outbox.push(Err(code), AnswerPayload::None);
+            Ok(())
+        }
     }
 }

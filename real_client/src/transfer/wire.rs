@@ -1,11 +1,13 @@
 //! Frame layout of the transfer protocol (see the module above).
 
-use std::io::{Read, Write};
+use std::io::Read;
 
 use mooncake_core::error::ErrorCode;
 
 /// First bytes of every request.
 pub const MAGIC: [u8; 4] = *b"MCTE";
+/// Bytes of a request header.
+pub const REQUEST_LEN: usize = 32;
 /// Largest single transfer accepted (1 TiB).
 pub const MAX_TRANSFER: u64 = 1 << 40;
 
@@ -51,8 +53,8 @@ pub enum WireError {
 
 impl Request {
     /// Encodes the header.
-    pub fn encode(&self) -> [u8; 32] {
-        let mut frame = [0u8; 32];
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut frame = [0u8; REQUEST_LEN];
         frame[..4].copy_from_slice(&MAGIC);
         frame[4] = self.op as u8;
         frame[8..16].copy_from_slice(&self.segment.to_le_bytes());
@@ -62,7 +64,7 @@ impl Request {
     }
 
     /// Decodes and checks a header.
-    pub fn decode(frame: &[u8; 32]) -> Result<Self, WireError> {
+    pub fn decode(frame: &[u8; REQUEST_LEN]) -> Result<Self, WireError> {
         if frame[..4] != MAGIC {
             return Err(WireError::Malformed("bad magic"));
         }
@@ -96,17 +98,14 @@ impl Request {
 
     /// Reads one header.
     pub fn read_from(stream: &mut impl Read) -> Result<Self, WireError> {
-        let mut frame = [0u8; 32];
+        let mut frame = [0u8; REQUEST_LEN];
         stream.read_exact(&mut frame)?;
         Self::decode(&frame)
     }
 }
 
-/// Writes a response header.
-pub fn write_response(
-    stream: &mut impl Write,
-    status: Result<u64, ErrorCode>,
-) -> std::io::Result<()> {
+/// Encodes a response header.
+pub fn encode_response(status: Result<u64, ErrorCode>) -> [u8; 16] {
     let mut frame = [0u8; 16];
     let (code, len) = match status {
         Ok(len) => (0i32, len),
@@ -114,7 +113,7 @@ pub fn write_response(
     };
     frame[..4].copy_from_slice(&code.to_le_bytes());
     frame[8..16].copy_from_slice(&len.to_le_bytes());
-    stream.write_all(&frame)
+    frame
 }
 
 /// Reads a response header: the length on success, the peer's error code otherwise.
@@ -164,8 +163,8 @@ mod tests {
     #[test]
     fn responses() {
         let mut buf = Vec::new();
-        write_response(&mut buf, Err(ErrorCode::INVALID_PARAMS)).expect("write");
-        write_response(&mut buf, Ok(7)).expect("write");
+        buf.extend_from_slice(&encode_response(Err(ErrorCode::INVALID_PARAMS)));
+        buf.extend_from_slice(&encode_response(Ok(7)));
         let mut reader = &buf[..];
         assert_eq!(
             read_response(&mut reader).expect("read"),
