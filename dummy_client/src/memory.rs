@@ -21,16 +21,6 @@ use mooncake_shm::{MemSlice, PoolAllocator, SharedMemory, ShmError};
 
 use crate::connection::Offer;
 
-/// Touches every page of `memory` on a short-lived background thread.
-fn prefault_in_background(memory: Arc<SharedMemory>) {
-    let spawned = std::thread::Builder::new()
-        .name("mooncake-prefault".into())
-        .spawn(move || memory.prefault());
-    if let Err(error) = spawned {
-        tracing::debug!(%error, "staging prefault thread not started");
-    }
-}
-
 /// How the dummy passes one application range to the real client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RangeKind {
@@ -115,7 +105,7 @@ impl DummyMemory {
             )?);
             // Every copy-through transfer uses the staging buffer: fault it in on a
             // background thread so the first transfers do not pay for it.
-            prefault_in_background(Arc::clone(&memory));
+            memory.prefault_in_background("mooncake-prefault");
             let allocator = PoolAllocator::new(Arc::clone(&memory));
             Some((memory, allocator))
         } else {

@@ -204,7 +204,7 @@ impl RealClient {
             source,
         })?;
         let memory = Arc::new(memory);
-        prefault_in_background(Arc::clone(&memory));
+        memory.prefault_in_background("segment-prefault");
         let served = Arc::new(ServedSegment {
             memory,
             id: AtomicU64::new(0),
@@ -357,17 +357,6 @@ impl RealClient {
             let _ = std::fs::remove_file(path);
         }
         tracing::info!("mooncake_client stopped");
-    }
-}
-
-/// Touches every page of the segment on a background thread so that the first writes
-/// do not pay page faults, without delaying startup.
-fn prefault_in_background(memory: Arc<SharedMemory>) {
-    let spawned = std::thread::Builder::new()
-        .name("segment-prefault".into())
-        .spawn(move || memory.prefault());
-    if let Err(error) = spawned {
-        tracing::debug!(%error, "segment prefault thread not started");
     }
 }
 

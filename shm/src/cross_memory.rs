@@ -24,8 +24,9 @@
 //! split across a few threads, each of which adds about as much again.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Mutex, OnceLock, PoisonError, mpsc};
+use std::sync::{Mutex, PoisonError};
 
+use crate::parallel;
 use crate::shared_memory::MemSlice;
 use crate::sys::{self, Direction};
 
@@ -60,72 +61,12 @@ impl CrossMemoryError {
     }
 }
 
-/// Each thread of a split copy moves at least this many bytes.
+/// Smallest piece of a split cross-memory copy (copies of 256 KiB or more are split
+/// across threads: [`crate::parallel`]).
 const PIECE: usize = 128 << 10;
 
-/// Most threads one copy uses (the caller and up to three helpers).
-const MAX_THREADS: usize = 4;
-
-/// One piece of a split copy, run by a helper thread.
-struct Piece {
-    direction: Direction,
-    pid: i32,
-    /// Address of the local range (its provenance exposed by the caller).
-    local: usize,
-    remote: u64,
-    len: usize,
-    /// The outcome; the caller waits for it before its range may go away.
-    done: mpsc::Sender<std::io::Result<()>>,
-}
-
-/// Helper threads that copy pieces of long copies, started on first use and kept for
-/// the life of the process (starting a thread per copy costs more than it saves).
-struct Helpers {
-    count: usize,
-    queue: Mutex<mpsc::Sender<Piece>>,
-}
-
-fn helpers() -> &'static Helpers {
-    static HELPERS: OnceLock<Helpers> = OnceLock::new();
-    HELPERS.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        let (queue, pieces) = mpsc::channel::<Piece>();
-        let pieces = std::sync::Arc::new(Mutex::new(pieces));
-        let started = (1..cores.min(MAX_THREADS))
-            .filter(|i| {
-                let pieces = std::sync::Arc::clone(&pieces);
-                std::thread::Builder::new()
-                    .name(format!("mooncake-xmem-{i}"))
-                    .spawn(move || help(&pieces))
-                    .is_ok()
-            })
-            .count();
-        Helpers {
-            count: started,
-            queue: Mutex::new(queue),
-        }
-    })
-}
-
-/// A helper thread: copies pieces until the queue closes.
-fn help(pieces: &Mutex<mpsc::Receiver<Piece>>) {
-    loop {
-        let next = pieces.lock().unwrap_or_else(PoisonError::into_inner).recv();
-        let Ok(piece) = next else {
-            return;
-        };
-        let local: *mut u8 = std::ptr::with_exposed_provenance_mut(piece.local);
-        // SAFETY: the caller of `copy` keeps `local..local+len` alive until it has
-        // received this piece's outcome.
-        let outcome = unsafe {
-            sys::cross_memory_copy(piece.direction, piece.pid, local, piece.remote, piece.len)
-        };
-        let _ = piece.done.send(outcome);
-    }
-}
-
 /// [`sys::cross_memory_copy`] of `len` bytes; a long copy is split into page-aligned
-/// pieces, the first copied by the calling thread, the others by helper threads.
+/// pieces copied by this thread and helper threads.
 ///
 /// # Safety
 /// As for [`sys::cross_memory_copy`]: `local..local+len` lies inside a live mapping the
@@ -137,51 +78,13 @@ unsafe fn copy(
     remote: u64,
     len: usize,
 ) -> std::io::Result<()> {
-    let helpers = helpers();
-    let threads = (len / PIECE).clamp(1, helpers.count + 1);
-    let piece = len.div_ceil(threads).next_multiple_of(4096);
     let base = local.expose_provenance();
-    let (done, outcomes) = mpsc::channel();
-    let mut dispatched = 0usize;
-    let mut inline = Vec::new();
-    for start in (piece..len).step_by(piece) {
-        let job = Piece {
-            direction,
-            pid,
-            local: base + start,
-            remote: remote + start as u64,
-            len: piece.min(len - start),
-            done: done.clone(),
-        };
-        match helpers
-            .queue
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .send(job)
-        {
-            Ok(()) => dispatched += 1,
-            Err(mpsc::SendError(job)) => inline.push(job),
-        }
-    }
-    // SAFETY: `piece.min(len)` bytes from `local` lie inside the caller's range.
-    let mut outcome =
-        unsafe { sys::cross_memory_copy(direction, pid, local, remote, piece.min(len)) };
-    for job in inline {
-        let at: *mut u8 = std::ptr::with_exposed_provenance_mut(job.local);
-        // SAFETY: each piece lies inside the caller's range.
-        let result = unsafe { sys::cross_memory_copy(direction, pid, at, job.remote, job.len) };
-        outcome = outcome.and(result);
-    }
-    // Every dispatched piece is waited for: the range must outlive its copies. (A
-    // helper that died drops its piece's sender, so the wait ends.)
-    drop(done);
-    for _ in 0..dispatched {
-        let result = outcomes
-            .recv()
-            .unwrap_or_else(|_| Err(std::io::Error::other("a copy helper thread stopped")));
-        outcome = outcome.and(result);
-    }
-    outcome
+    parallel::split_copy(len, PIECE, &|offset, piece| {
+        let at: *mut u8 = std::ptr::with_exposed_provenance_mut(base + offset);
+        // SAFETY: `offset..offset+piece` lies inside the caller's range, alive until
+        // `split_copy` returns.
+        unsafe { sys::cross_memory_copy(direction, pid, at, remote + offset as u64, piece) }
+    })
 }
 
 /// Another process whose ordinary memory this one copies to and from.

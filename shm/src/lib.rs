@@ -28,6 +28,7 @@
 
 pub mod cross_memory;
 pub mod fd_passing;
+mod parallel;
 pub mod pool;
 pub mod registry;
 pub mod shared_memory;

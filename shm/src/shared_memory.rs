@@ -7,7 +7,7 @@ use std::sync::Arc;
 use memmap2::MmapRaw;
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 
-use crate::sys;
+use crate::{parallel, sys};
 
 /// Why shared memory could not be created or mapped.
 #[derive(Debug, thiserror::Error)]
@@ -278,7 +278,8 @@ impl SharedMemory {
     /// Faults in every page now (MADV_POPULATE_WRITE) so later copies do not pay page
     /// faults; best effort, errors are logged at debug level.
     pub fn prefault(&self) {
-        const CHUNK: usize = 64 << 20;
+        // Small steps: the address space's lock is taken per step, never for long.
+        const CHUNK: usize = 8 << 20;
         let Backing::Memfd { map, .. } = &self.backing else {
             return;
         };
@@ -290,6 +291,22 @@ impl SharedMemory {
                 return;
             }
             offset += len;
+        }
+    }
+
+    /// [`prefault`](Self::prefault) on a background thread named `thread` at the lowest
+    /// priority: the pages become resident while the process is otherwise idle, and a
+    /// busy process keeps its cores (what it touches first it faults in itself).
+    pub fn prefault_in_background(self: &Arc<Self>, thread: &str) {
+        let memory = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name(thread.into())
+            .spawn(move || {
+                sys::lower_thread_priority();
+                memory.prefault();
+            });
+        if let Err(error) = spawned {
+            tracing::debug!(%error, thread, "prefault thread not started");
         }
     }
 
@@ -314,6 +331,29 @@ impl SharedMemory {
             len: usize::try_from(len).ok()?,
         })
     }
+}
+
+/// Copies `len` bytes from `src` to `dst` like [`sys::copy_bytes`]; a long copy between
+/// ranges that do not overlap is split across threads ([`parallel`]).
+///
+/// # Safety
+/// As for [`sys::copy_bytes`].
+unsafe fn copy_long(src: *const u8, dst: *mut u8, len: usize) {
+    let (from, to) = (src.expose_provenance(), dst.expose_provenance());
+    let overlap = from < to.saturating_add(len) && to < from.saturating_add(len);
+    if overlap || len < 2 * parallel::MEMCPY_PIECE {
+        // SAFETY: the caller's guarantee.
+        unsafe { sys::copy_bytes(src, dst, len) };
+        return;
+    }
+    let _ = parallel::split_copy(len, parallel::MEMCPY_PIECE, &|offset, piece| {
+        let piece_src: *const u8 = std::ptr::with_exposed_provenance(from + offset);
+        let piece_dst: *mut u8 = std::ptr::with_exposed_provenance_mut(to + offset);
+        // SAFETY: `offset..offset+piece` lies inside both of the caller's ranges, which
+        // stay valid until `split_copy` returns.
+        unsafe { sys::copy_bytes(piece_src, piece_dst, piece) };
+        Ok(())
+    });
 }
 
 /// One piece of a vectored send ([`send_vectored`]).
@@ -372,7 +412,7 @@ impl MemSlice {
     pub fn copy_to(&self, dst: &MemSlice) -> usize {
         let len = self.len.min(dst.len);
         // SAFETY: both slices were bounds-checked against live mappings they keep alive.
-        unsafe { sys::copy_bytes(self.ptr(), dst.ptr(), len) };
+        unsafe { copy_long(self.ptr(), dst.ptr(), len) };
         len
     }
 
@@ -380,7 +420,7 @@ impl MemSlice {
     pub fn write_from(&self, src: &[u8]) -> usize {
         let len = self.len.min(src.len());
         // SAFETY: `src` is a valid slice; the destination was bounds-checked.
-        unsafe { sys::copy_bytes(src.as_ptr(), self.ptr(), len) };
+        unsafe { copy_long(src.as_ptr(), self.ptr(), len) };
         len
     }
 
@@ -388,7 +428,7 @@ impl MemSlice {
     pub fn read_into(&self, dst: &mut [u8]) -> usize {
         let len = self.len.min(dst.len());
         // SAFETY: `dst` is a valid mutable slice; the source was bounds-checked.
-        unsafe { sys::copy_bytes(self.ptr(), dst.as_mut_ptr(), len) };
+        unsafe { copy_long(self.ptr(), dst.as_mut_ptr(), len) };
         len
     }
 

@@ -248,3 +248,12 @@ pub(crate) fn set_ptracer(pid: libc::pid_t) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// Lowers the calling thread's scheduling priority to the lowest (nice 19), so that
+/// background work only takes what the rest of the process leaves. Best effort.
+pub(crate) fn lower_thread_priority() {
+    // SAFETY: plain system calls on this thread's own id.
+    let tid = unsafe { libc::gettid() };
+    // SAFETY: as above; `setpriority` takes no pointers.
+    let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid.unsigned_abs(), 19) };
+}
