@@ -67,6 +67,19 @@ mod tests {
         slice
     }
 
+    /// Transfers of `slices`, one after another from the start of the segment.
+    fn consecutive(slices: &[MemSlice], len: u64) -> Vec<Transfer<'_>> {
+        slices
+            .iter()
+            .enumerate()
+            .map(|(i, local)| Transfer {
+                segment: SEGMENT_ID,
+                offset: i as u64 * len,
+                local,
+            })
+            .collect()
+    }
+
     #[test]
     fn pipelined_batches_of_small_and_large_transfers_are_byte_exact() {
         let (server, segment) = serve(64 << 20);
@@ -75,15 +88,7 @@ mod tests {
         for (count, len) in [(200u64, 4096u64), (3, 5 << 20)] {
             let source = memory(count * len);
             let sources: Vec<MemSlice> = (0..count).map(|i| patterned(&source, i, len)).collect();
-            let writes: Vec<Transfer<'_>> = sources
-                .iter()
-                .enumerate()
-                .map(|(i, local)| Transfer {
-                    segment: SEGMENT_ID,
-                    offset: i as u64 * len,
-                    local,
-                })
-                .collect();
+            let writes = consecutive(&sources, len);
             assert!(
                 client
                     .write_many(&endpoint, &writes)
@@ -98,15 +103,7 @@ mod tests {
             let dests: Vec<MemSlice> = (0..count)
                 .map(|i| back.slice(i * len, len).expect("slice"))
                 .collect();
-            let reads: Vec<Transfer<'_>> = dests
-                .iter()
-                .enumerate()
-                .map(|(i, local)| Transfer {
-                    segment: SEGMENT_ID,
-                    offset: i as u64 * len,
-                    local,
-                })
-                .collect();
+            let reads = consecutive(&dests, len);
             assert!(
                 client
                     .read_many(&endpoint, &reads)
