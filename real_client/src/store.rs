@@ -504,81 +504,69 @@ impl Store {
             .zip(located)
             .map(|((_, dests), located)| self.plan_read(located?, |size| scatter(dests, size)))
             .collect();
-        let failed_from_peers = self.read_from_peers(&planned);
+        let copied_from_peers = self.read_from_peers(&planned);
         items
             .iter()
             .zip(planned)
             .enumerate()
             .map(|(index, ((key, _), planned))| {
                 let planned = planned?;
-                match failed_from_peers.get(&index) {
-                    // Copied from its peer: only the lease is left to check.
-                    None if self.pipelined_from_peer(&planned).is_some() => {}
-                    // Not for a peer, or its peer failed: replica by replica.
-                    _ => self.copy_planned(&self.master.scope(key), &planned)?,
+                // Not for a peer, or its peer failed: replica by replica.
+                if !copied_from_peers.contains(&index) {
+                    self.copy_planned(&self.master.scope(key), &planned)?;
                 }
                 planned.finish(before)
             })
             .collect()
     }
 
-    /// The peer a planned read copies from in a pipelined batch: its first replica in a
-    /// peer's segment, every destination mapped here (else `None`: copied on its own).
-    fn pipelined_from_peer<'a>(&self, planned: &'a PlannedRead) -> Option<Place<'a>> {
-        let first = planned.replicas.first()?;
-        let place = self.place(first).ok()?;
-        let all_mapped = planned
-            .pieces
-            .iter()
-            .all(|(_, dest)| dest.mapped().is_some());
-        (matches!(place, Place::Remote { .. }) && all_mapped).then_some(place)
-    }
-
     /// Copies, per peer and pipelined, every planned read whose first replica is in a
-    /// peer's segment; answers the items whose copy failed.
+    /// peer's segment and whose destinations are all mapped here; answers the items
+    /// wholly copied that way (the others are left to [`copy_planned`](Self::copy_planned)).
     fn read_from_peers(
         &self,
         planned: &[CodeResult<PlannedRead>],
     ) -> std::collections::HashSet<usize> {
         let mut by_peer: std::collections::BTreeMap<&str, Vec<(usize, Transfer<'_>)>> =
             Default::default();
+        let mut copied = std::collections::HashSet::new();
         for (index, planned) in planned.iter().enumerate() {
-            let Some(Place::Remote {
+            let Ok(planned) = planned else { continue };
+            let Some(Ok(Place::Remote {
                 endpoint,
                 segment,
                 offset,
-            }) = planned
-                .as_ref()
-                .ok()
-                .and_then(|p| self.pipelined_from_peer(p))
+            })) = planned.replicas.first().map(|r| self.place(r))
             else {
                 continue;
             };
-            let Ok(planned) = planned else { continue };
-            for (at, dest) in &planned.pieces {
-                if let Some(local) = dest.mapped() {
-                    by_peer.entry(endpoint).or_default().push((
-                        index,
-                        Transfer {
-                            segment,
-                            offset: offset + at,
-                            local,
-                        },
-                    ));
-                }
+            let mapped: Option<Vec<(u64, &MemSlice)>> = planned
+                .pieces
+                .iter()
+                .map(|(at, dest)| dest.mapped().map(|local| (*at, local)))
+                .collect();
+            let Some(mapped) = mapped else { continue };
+            let reads = by_peer.entry(endpoint).or_default();
+            for (at, local) in mapped {
+                let transfer = Transfer {
+                    segment,
+                    offset: offset + at,
+                    local,
+                };
+                reads.push((index, transfer));
             }
+            copied.insert(index);
         }
-        let mut failed = std::collections::HashSet::new();
         for (endpoint, reads) in by_peer {
             let transfers: Vec<Transfer<'_>> = reads.iter().map(|(_, t)| *t).collect();
             let outcomes = transfer_blocking(|| self.transfers.read_many(endpoint, &transfers));
             for ((index, _), outcome) in reads.iter().zip(outcomes) {
                 if outcome.is_err() {
-                    failed.insert(*index);
+                    copied.remove(index);
                 }
             }
         }
-        failed
+        copied
     }
 
     /// Copies from the replicas the master named (asked at `before`, with its lease).

@@ -78,6 +78,50 @@ fn objects_put_on_one_node_are_read_byte_exact_on_the_others() {
 }
 
 #[test]
+fn batches_read_from_another_node_are_byte_exact_and_fail_per_key() {
+    let master = MasterProcess::start(&[]);
+    let nodes: Vec<_> = (0..2)
+        .map(|_| RealClientProcess::join(&master, "128MB", &[]))
+        .collect();
+    let writer = dummy(&nodes[0]);
+    let (count, size) = (40usize, 4096usize);
+    let keys: Vec<String> = (0..count).map(|i| format!("batch-{i}")).collect();
+    let source = writer.alloc_from_mem_pool((count * size) as u64);
+    let values: Vec<Vec<u8>> = (0..count)
+        .map(|i| pattern(size, i.to_le_bytes()[0]))
+        .collect();
+    for (i, value) in values.iter().enumerate() {
+        // SAFETY: `source` is a live pool block of `count * size` bytes of this test.
+        let block = unsafe {
+            std::slice::from_raw_parts_mut((source + (i * size) as u64) as *mut u8, size)
+        };
+        block.copy_from_slice(value);
+    }
+    let ptrs: Vec<u64> = (0..count).map(|i| source + (i * size) as u64).collect();
+    let sizes = vec![size as u64; count];
+    // Every object lives in node B's segment; a reader attached to node A pulls the
+    // batch from B over TCP, pipelined, with one missing key among them.
+    let puts = writer.batch_put_from(&keys, &ptrs, &sizes, &on(&nodes[1].segment_name()));
+    assert!(puts.iter().all(Result::is_ok), "{puts:?}");
+    let reader_on_a = dummy(&nodes[0]);
+    let mut asked = keys.clone();
+    asked[7] = "missing".to_string();
+    let dest = reader_on_a.alloc_from_mem_pool((count * size) as u64);
+    let dests: Vec<u64> = (0..count).map(|i| dest + (i * size) as u64).collect();
+    let got = reader_on_a.batch_get_into(&asked, &dests, &sizes);
+    for (i, outcome) in got.iter().enumerate() {
+        if i == 7 {
+            assert_eq!(*outcome, Err(ErrorCode::OBJECT_NOT_FOUND));
+            continue;
+        }
+        assert_eq!(*outcome, Ok(size as u64), "item {i}");
+        // SAFETY: as above, for the reader's block.
+        let bytes = unsafe { std::slice::from_raw_parts(dests[i] as *const u8, size) };
+        assert!(bytes == values[i].as_slice(), "item {i} differs");
+    }
+}
+
+#[test]
 fn replica_num_two_lands_on_two_segments() {
     let master = MasterProcess::start(&[]);
     let nodes: Vec<_> = (0..3)
