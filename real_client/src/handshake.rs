@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use mooncake_core::protocol::PROTOCOL_VERSION;
 use mooncake_core::protocol::handshake::{
-    DummyFrame, FrameError, Purpose, RealFrame, SegmentRegistration, decode_len, decode_payload,
-    encode_frame,
+    DummyFrame, FrameError, Purpose, RealFrame, SegmentKind, SegmentRegistration, decode_len,
+    decode_payload, encode_frame,
 };
 use mooncake_shm::SharedMemory;
 use mooncake_shm::fd_passing::{PeerCredentials, recv_exact_with_fds, send_with_fd};
@@ -186,6 +186,10 @@ fn register(
     registry
         .add(registration.dummy_base, Arc::new(memory))
         .map_err(|e| e.to_string())?;
+    drop(registry);
+    if registration.kind == SegmentKind::Staging {
+        session.mark_staging(registration.dummy_base, registration.len);
+    }
     tracing::debug!(client = %format!("{:032x}", session.client_id), ?registration, "segment registered");
     Ok(())
 }

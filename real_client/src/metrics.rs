@@ -1,6 +1,9 @@
 //! Operation counters of the real client, rendered as Prometheus text
-//! (`mooncake_client_*`; see [`OpMetrics`]).
+//! (`mooncake_client_*`; see [`OpMetrics`]), and the count of bytes that were not moved
+//! zero-copy ([`Metrics::add_staged`]).
 
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use mooncake_core::error::ErrorCode;
@@ -26,11 +29,17 @@ const OP_NAMES: &[&str] = &["put", "get", "get_ranges", "exist", "remove"];
 
 /// Counters of one real client.
 #[derive(Debug)]
-pub struct Metrics(OpMetrics);
+pub struct Metrics {
+    ops: OpMetrics,
+    staged: AtomicU64,
+}
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics(OpMetrics::new("client", OP_NAMES))
+        Metrics {
+            ops: OpMetrics::new("client", OP_NAMES),
+            staged: AtomicU64::new(0),
+        }
     }
 }
 
@@ -38,11 +47,54 @@ impl Metrics {
     /// Records one item of `op` that took `elapsed`, moved `bytes`, and ended with
     /// `result`.
     pub fn record<T>(&self, op: Op, elapsed: Duration, bytes: u64, result: &Result<T, ErrorCode>) {
-        self.0.record(op as usize, elapsed, bytes, result);
+        self.ops.record(op as usize, elapsed, bytes, result);
+    }
+
+    /// Counts `bytes` a dummy request moved through the dummy's staging buffer or inside
+    /// the RPC message itself: bytes the dummy copied once more than a zero-copy transfer
+    /// would have.
+    pub fn add_staged(&self, bytes: u64) {
+        self.staged.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes counted by [`Metrics::add_staged`] since start.
+    pub fn staged_bytes(&self) -> u64 {
+        self.staged.load(Ordering::Relaxed)
     }
 
     /// Prometheus text of every counter.
     pub fn render(&self) -> String {
-        self.0.render()
+        let mut text = self.ops.render();
+        let _ = write!(
+            text,
+            "# HELP mooncake_client_staged_bytes_total Bytes dummies moved through their staging buffer or inside RPC messages instead of zero-copy.\n\
+             # TYPE mooncake_client_staged_bytes_total counter\n\
+             mooncake_client_staged_bytes_total {}\n",
+            self.staged_bytes()
+        );
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staged_bytes_are_summed_and_rendered() {
+        let metrics = Metrics::default();
+        assert!(
+            metrics
+                .render()
+                .contains("\nmooncake_client_staged_bytes_total 0\n")
+        );
+        metrics.add_staged(4096);
+        metrics.add_staged(10);
+        assert_eq!(metrics.staged_bytes(), 4106);
+        assert!(
+            metrics
+                .render()
+                .contains("\nmooncake_client_staged_bytes_total 4106\n")
+        );
     }
 }

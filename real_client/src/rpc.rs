@@ -33,14 +33,23 @@ impl DummyHandler {
     /// The dummy's range in its shared memory or its declared memory; anything else is
     /// `INVALID_PARAMS`.
     fn translate(&self, range: MemRange) -> CodeResult<Region> {
-        self.session.region(range.addr, range.len).map_err(|error| {
+        let region = self.session.region(range.addr, range.len).map_err(|error| {
             tracing::warn!(
                 pid = self.session.pid,
                 %error,
                 "rejected a dummy range: neither in its shared memory nor wholly inside one range of memory it declared (usable across processes)"
             );
             ErrorCode::INVALID_PARAMS
-        })
+        })?;
+        Ok(region)
+    }
+
+    /// True when `ranges` start in the dummy's staging buffer: the dummy copied their
+    /// bytes there (writes) or will copy them out (reads).
+    fn staged(&self, ranges: &[MemRange]) -> bool {
+        ranges
+            .first()
+            .is_some_and(|range| self.session.in_staging(range.addr))
     }
 
     /// Records each result of a batch, sharing the batch's time among its items.
@@ -64,8 +73,19 @@ impl DummyHandler {
 
     fn payload<'a>(&self, item: &'a PutItem) -> CodeResult<Payload<'a>> {
         match &item.source {
-            PutSource::Inline(bytes) => Ok(Payload::Bytes(bytes)),
-            PutSource::Shared(ranges) => Ok(Payload::Regions(self.translate_all(ranges)?)),
+            PutSource::Inline(bytes) => {
+                self.state.metrics.add_staged(bytes.len() as u64);
+                Ok(Payload::Bytes(bytes))
+            }
+            PutSource::Shared(ranges) => {
+                let regions = self.translate_all(ranges)?;
+                if self.staged(ranges) {
+                    self.state
+                        .metrics
+                        .add_staged(ranges.iter().map(|r| r.len).sum());
+                }
+                Ok(Payload::Regions(regions))
+            }
         }
     }
 
@@ -112,6 +132,11 @@ impl DummyHandler {
         }
         let copied = self.state.store.get_scatter_many(&reads).await;
         for (index, outcome) in positions.into_iter().zip(copied) {
+            if let Ok(len) = outcome
+                && self.staged(&items[index].dests)
+            {
+                self.state.metrics.add_staged(len);
+            }
             results[index] = outcome;
         }
         results
@@ -133,6 +158,11 @@ impl DummyHandler {
         if !valid.is_empty() {
             let copied = self.state.store.get_ranges(&read.key, &valid).await;
             for (index, result) in positions.into_iter().zip(copied) {
+                if let Ok(len) = result
+                    && self.staged(std::slice::from_ref(&read.fragments[index].dest))
+                {
+                    self.state.metrics.add_staged(len);
+                }
                 results[index] = result;
             }
         }
@@ -265,7 +295,9 @@ impl RealClientRpc for DummyHandler {
     }
 
     async fn get_inline(self, _: Context, key: String) -> CodeResult<ByteBuf> {
-        self.state.store.get_bytes(&key).await.map(ByteBuf::from)
+        let bytes = self.state.store.get_bytes(&key).await?;
+        self.state.metrics.add_staged(bytes.len() as u64);
+        Ok(ByteBuf::from(bytes))
     }
 
     async fn remove(self, _: Context, keys: Vec<String>, force: bool) -> Vec<CodeResult<()>> {

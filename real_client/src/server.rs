@@ -57,6 +57,7 @@ impl ServerState {
             remote_disk_reads: self.store.remote_disk_reads(),
             segment_bytes: self.store.segment().memory.len() as u64,
             segment_resident_bytes: self.store.segment().memory.resident_bytes(),
+            staged_bytes: self.metrics.staged_bytes(),
         }
     }
 

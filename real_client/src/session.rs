@@ -32,6 +32,8 @@ pub struct Session {
     registry: RwLock<Registry>,
     /// Its declared ordinary memory.
     declared: DeclaredMemory,
+    /// `(base, len)` of each registered segment that is a staging buffer.
+    staging: RwLock<Vec<(u64, u64)>>,
 }
 
 impl Session {
@@ -45,6 +47,7 @@ impl Session {
             name,
             registry: RwLock::new(Registry::default()),
             declared: DeclaredMemory::new(pid, uid),
+            staging: RwLock::new(Vec::new()),
         }
     }
 
@@ -60,6 +63,20 @@ impl Session {
             Ok(slice) => Ok(Region::Mapped(slice)),
             Err(error) => self.declared.region(addr, len).ok_or(error),
         }
+    }
+
+    /// Notes that the registered segment at `base..base+len` is the dummy's staging
+    /// buffer: bytes it names there were copied by the dummy.
+    pub fn mark_staging(&self, base: u64, len: u64) {
+        self.staging.write().push((base, len));
+    }
+
+    /// True when `addr` lies inside one of the dummy's staging buffers.
+    pub fn in_staging(&self, addr: u64) -> bool {
+        self.staging
+            .read()
+            .iter()
+            .any(|&(base, len)| addr >= base && addr - base < len)
     }
 
     /// The ordinary memory the dummy declared.

@@ -1,7 +1,8 @@
 """Zero copy where it is promised: the bytes copied through staging (the process-wide
-``copied_through_staging_bytes`` of ``status()``) stay at zero for memory the real
-client can use in place or reach across processes, and count exactly the bytes of the
-copy-through path when it may not."""
+``copied_through_staging_bytes`` of ``status()``, and the real client's
+``staged_bytes`` / ``mooncake_client_staged_bytes_total`` in ``/metrics``) stay at zero
+for memory the real client can use in place or reach across processes, and count exactly
+the bytes of the copy-through path when it may not."""
 
 import ctypes
 import json
@@ -9,12 +10,14 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mooncake.store import MooncakeDistributedStore, MooncakeHostMemAllocator
+from mooncake_testlib import free_loopback_port
 
 OK = 0
 SIZE = 1 << 20
@@ -23,6 +26,19 @@ WORKERS = Path(__file__).resolve().parent / "_workers.py"
 
 def copied(store):
     return store.status()["copied_through_staging_bytes"]
+
+
+def staged(store):
+    """Bytes the real client saw moved through a staging buffer or inside RPC messages."""
+    return store.status()["staged_bytes"]
+
+
+def metrics_staged(http_port):
+    url = f"http://127.0.0.1:{http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    line = next(l for l in text.splitlines() if l.startswith("mooncake_client_staged_bytes_total "))
+    return int(line.split()[1])
 
 
 def round_trip(store, key, src, dst, size=SIZE):
@@ -41,9 +57,10 @@ def test_registered_heap_memory_is_used_in_place_in_embedded_mode(embedded, keys
     dst = np.zeros(SIZE, dtype=np.uint8)
     assert store.register_buffer(src.ctypes.data, SIZE) == OK
     assert store.register_buffer(dst.ctypes.data, SIZE) == OK
-    before = copied(store)
+    before, before_staged = copied(store), staged(store)
     round_trip(store, keys("emb"), src, dst)
     assert copied(store) == before
+    assert staged(store) == before_staged == 0
     # Unregistered, the buffer is unknown again: refused, never read.
     assert store.unregister_buffer(src.ctypes.data) == OK
     assert store.put_from(keys("after"), src.ctypes.data, SIZE) < 0
@@ -58,9 +75,10 @@ def test_allocator_memory_is_zero_copy_in_dummy_mode(start_client, connect, keys
         src[:] = np.random.default_rng(2).integers(0, 256, SIZE, dtype=np.uint8)
         for p in ptrs:
             assert store.register_buffer(p, SIZE) == OK
-        before = copied(store)
+        before, before_staged = copied(store), staged(store)
         round_trip(store, keys("alloc"), src, dst)
         assert copied(store) == before
+        assert staged(store) == before_staged
     finally:
         for p in ptrs:
             store.unregister_buffer(p)
@@ -82,16 +100,44 @@ def test_heap_memory_is_copied_once_by_the_real_client_in_dummy_mode(start_clien
     assert store.register_buffer(dst.ctypes.data, size) == OK
     entry = own_entry(store)
     assert entry["cross_memory"] and entry["declared_ranges"] == 2, entry
-    before = copied(store)
+    before, before_staged = copied(store), staged(store)
     round_trip(store, keys("heap"), src, dst, size)
     fragments = store.get_into_ranges([dst.ctypes.data], [[keys("heap")]], [[[0]]], [[[7]]], [[[size - 7]]])
     assert fragments == [[[size - 7]]]
     assert np.array_equal(dst[: size - 7], src[7:])
     assert copied(store) == before
+    assert staged(store) == before_staged
     # Unregistered, the buffer is forgotten by the real client too: refused, never read.
     assert store.unregister_buffer(src.ctypes.data) == OK
     assert own_entry(store)["declared_ranges"] == 1
     assert store.put_from(keys("after"), src.ctypes.data, size) < 0
+
+
+def test_real_client_counts_bytes_moved_through_staging_in_status_and_metrics(start_client, connect, keys):
+    http_port = free_loopback_port()
+    store = connect(start_client("--enable_http_server", f"--http_port={http_port}").address)
+    assert staged(store) == 0 and metrics_staged(http_port) == 0
+    # Plain bytes objects have no memory the real client could use: staging both ways.
+    value = np.random.default_rng(4).integers(0, 256, 100_000, dtype=np.uint8).tobytes()
+    key = keys("bytes")
+    assert store.put(key, value) == OK
+    assert staged(store) == len(value)
+    assert store.get(key) == value
+    assert staged(store) == 2 * len(value)
+    assert metrics_staged(http_port) == 2 * len(value)
+    # A failed read copies nothing and counts nothing.
+    assert store.get(keys("missing")) == b""
+    assert staged(store) == 2 * len(value)
+    # Pool memory is used in place: nothing more is counted.
+    ptr = store.alloc_from_mem_pool(SIZE)
+    assert ptr
+    try:
+        assert store.put_from(keys("pool"), ptr, SIZE) == OK
+        assert store.get_into(keys("pool"), ptr, SIZE) == SIZE
+    finally:
+        store.free_to_mem_pool(ptr)
+    assert staged(store) == 2 * len(value)
+    assert metrics_staged(http_port) == 2 * len(value)
 
 
 def test_heap_memory_goes_through_staging_when_the_real_client_may_not_read_it(start_client, keys):
@@ -113,6 +159,7 @@ def test_heap_memory_goes_through_staging_when_the_real_client_may_not_read_it(s
     for step in report["steps"]:
         assert step["ok"], step
         assert step["copied"] == step["expected"], step
+        assert step["staged"] == step["expected_staged"], step
     assert report["cross_memory"] == [False], report
     notices = [line for line in worker.stderr.splitlines() if "copied through the staging buffer" in line]
     assert len(notices) == 1, worker.stderr

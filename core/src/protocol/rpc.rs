@@ -167,6 +167,10 @@ pub struct StatusReport {
     /// Bytes of it faulted in so far: the segment is faulted in by a background thread
     /// after start-up (and by first use), not before the real client serves.
     pub segment_resident_bytes: u64,
+    /// Bytes dummies moved through their staging buffers or inside RPC messages since
+    /// start (`mooncake_client_staged_bytes_total`): zero while every transfer is
+    /// zero-copy.
+    pub staged_bytes: u64,
 }
 
 /// Calls a dummy makes to its real client.

@@ -896,6 +896,7 @@ fn status_json(report: &mooncake_core::protocol::rpc::StatusReport) -> String {
         "remote_disk_reads": report.remote_disk_reads,
         "segment_bytes": report.segment_bytes,
         "segment_resident_bytes": report.segment_resident_bytes,
+        "staged_bytes": report.staged_bytes,
         "copied_through_staging_bytes": mooncake_dummy_client::copied_through_staging_bytes(),
     })
     .to_string()

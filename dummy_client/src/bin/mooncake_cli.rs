@@ -191,9 +191,10 @@ fn status(client: &DummyClient) -> Result<(), Failure> {
         report.master.objects, report.master.writes_in_progress, report.master.objects_on_disk
     );
     println!(
-        "dummies      {} attached, {} mapped",
+        "dummies      {} attached, {} mapped, {} moved through staging or RPC messages",
         report.dummies.len(),
-        format_size(report.mapped_bytes)
+        format_size(report.mapped_bytes),
+        format_size(report.staged_bytes)
     );
     for dummy in &report.dummies {
         let declared = match (dummy.declared_ranges, dummy.cross_memory) {
