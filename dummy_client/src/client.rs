@@ -39,6 +39,9 @@ pub enum SetupError {
     /// The in-process real client could not start.
     #[error("cannot start the embedded real client: {0}")]
     Embedded(String),
+    /// `MOONCAKE_CLIENT_SPIN_US` is not valid.
+    #[error(transparent)]
+    Spin(#[from] crate::spin::SpinError),
 }
 
 /// Result of [`DummyClient::health_check`], with upstream's values.
@@ -59,6 +62,9 @@ pub(crate) struct Inner {
     pub(crate) memory: Mutex<DummyMemory>,
     pub(crate) link: Mutex<Link>,
     pub(crate) closed: AtomicBool,
+    /// How long a call polls for its answer before the thread sleeps
+    /// (`MOONCAKE_CLIENT_SPIN_US`; zero: it sleeps at once).
+    pub(crate) spin: Duration,
     /// Keeps an in-process real client alive until [`DummyClient::close`] (or the
     /// last clone is dropped).
     pub(crate) embedded: Mutex<Option<Box<dyn std::any::Any + Send>>>,
@@ -142,6 +148,12 @@ impl DummyClient {
         local_buffer_size: u64,
         embedded: Option<Box<dyn std::any::Any + Send>>,
     ) -> Result<Self, SetupError> {
+        // An in-process real client answers without a socket: nothing to spin for.
+        let spin = if target.is_in_process() {
+            Duration::ZERO
+        } else {
+            crate::spin::spin_from_env()?
+        };
         let mut memory = DummyMemory::create(mem_pool_size, local_buffer_size)?;
         // Host allocations made before setup (an engine's KV pool) are zero-copy too.
         for allocation in crate::host_memory::all() {
@@ -167,6 +179,7 @@ impl DummyClient {
                 memory: Mutex::new(memory),
                 link: Mutex::new(Link::Up(connected)),
                 closed: AtomicBool::new(false),
+                spin,
                 embedded: Mutex::new(embedded),
             }),
         })
@@ -222,8 +235,13 @@ impl DummyClient {
         let call = make(rpc, deadline(timeout));
         let outcome = if self.inner.target.is_in_process() {
             crate::connection::run_in_process(call)
-        } else {
+        } else if self.inner.spin.is_zero() {
             self.inner.runtime.block_on(call)
+        } else {
+            let spin = self.inner.spin;
+            self.inner
+                .runtime
+                .block_on(crate::spin::spin_then_wait(call, spin))
         };
         match outcome {
             Ok(value) => Ok(value),

@@ -26,6 +26,7 @@ mod memory;
 mod pool;
 mod query;
 mod read;
+pub mod spin;
 mod user_memory;
 mod write;
 

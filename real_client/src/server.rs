@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use mooncake_core::protocol::address::SocketAddress;
 use mooncake_core::protocol::codec;
 use mooncake_core::protocol::rpc::{
-    RealClientRpc, RealClientRpcRequest, RealClientRpcResponse, StatusReport,
+    PutSource, RealClientRpc, RealClientRpcRequest, RealClientRpcResponse, StatusReport,
 };
 use mooncake_core::protocol::serving::serve_connection;
 use mooncake_shm::fd_passing::{PeerCredentials, peer_credentials};
@@ -230,21 +230,52 @@ where
     tracing::info!(pid = info.pid, name = %info.name, "dummy detached; its shared memory is released");
 }
 
-/// Calls that only ask the master (embedded: a function call) or only change the
-/// session (declared memory) run in the session's task; calls that copy payload or scan
-/// the index run in tasks of their own.
+/// Reads and writes that move at most this many bytes in total run in the session's
+/// task: handing them to a task of their own costs more than their copies.
+pub const INLINE_COPY_LIMIT: u64 = 256 << 10;
+
+/// Calls that only ask the master (embedded: a function call), only change the session
+/// (declared memory), or copy at most [`INLINE_COPY_LIMIT`] bytes run in the session's
+/// task; larger copies and scans of the index run in tasks of their own.
 fn is_quick(request: &RealClientRpcRequest) -> bool {
-    matches!(
-        request,
+    match request {
         RealClientRpcRequest::Ping { .. }
-            | RealClientRpcRequest::Exist { .. }
-            | RealClientRpcRequest::ObjectSize { .. }
-            | RealClientRpcRequest::ReplicaDesc { .. }
-            | RealClientRpcRequest::Remove { .. }
-            | RealClientRpcRequest::QueryTask { .. }
-            | RealClientRpcRequest::DeclareMemory { .. }
-            | RealClientRpcRequest::ForgetMemory { .. }
-    )
+        | RealClientRpcRequest::Exist { .. }
+        | RealClientRpcRequest::ObjectSize { .. }
+        | RealClientRpcRequest::ReplicaDesc { .. }
+        | RealClientRpcRequest::Remove { .. }
+        | RealClientRpcRequest::QueryTask { .. }
+        | RealClientRpcRequest::DeclareMemory { .. }
+        | RealClientRpcRequest::ForgetMemory { .. } => true,
+        RealClientRpcRequest::Get { items } => {
+            moves_little(items.iter().flat_map(|item| &item.dests).map(|r| r.len))
+        }
+        RealClientRpcRequest::GetRanges { reads } => moves_little(
+            reads
+                .iter()
+                .flat_map(|read| &read.fragments)
+                .map(|f| f.dest.len),
+        ),
+        RealClientRpcRequest::Put { items, .. } => {
+            moves_little(items.iter().map(|item| match &item.source {
+                PutSource::Shared(ranges) => ranges.iter().map(|r| r.len).sum(),
+                PutSource::Inline(bytes) => bytes.len() as u64,
+            }))
+        }
+        _ => false,
+    }
+}
+
+/// True when `lengths` add up to at most [`INLINE_COPY_LIMIT`].
+fn moves_little(lengths: impl Iterator<Item = u64>) -> bool {
+    let mut total = 0u64;
+    for len in lengths {
+        total = total.saturating_add(len);
+        if total > INLINE_COPY_LIMIT {
+            return false;
+        }
+    }
+    true
 }
 
 fn handshake_blocking(
@@ -271,4 +302,41 @@ fn handshake_blocking(
         return Err(handshake::HandshakeError::Refused(reason));
     }
     handshake::serve(stream, peer, &state.identity, &state.sessions)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mooncake_core::protocol::rpc::{GetItem, MemRange, PutItem, WriteMode};
+    use mooncake_core::types::ReplicateConfig;
+
+    fn get(lengths: &[u64]) -> RealClientRpcRequest {
+        let items = lengths
+            .iter()
+            .map(|&len| GetItem {
+                key: "k".into(),
+                dests: vec![MemRange { addr: 4096, len }],
+            })
+            .collect();
+        RealClientRpcRequest::Get { items }
+    }
+
+    #[test]
+    fn small_copies_run_inline_and_large_ones_in_their_own_task() {
+        assert!(is_quick(&get(&[4096; 32])));
+        assert!(is_quick(&get(&[INLINE_COPY_LIMIT])));
+        assert!(!is_quick(&get(&[INLINE_COPY_LIMIT, 1])));
+        assert!(!is_quick(&get(&[u64::MAX, u64::MAX])), "no overflow");
+        let put = |len: usize| RealClientRpcRequest::Put {
+            items: vec![PutItem {
+                key: "k".into(),
+                source: PutSource::Inline(serde_bytes::ByteBuf::from(vec![0; len])),
+            }],
+            config: ReplicateConfig::default(),
+            mode: WriteMode::Put,
+        };
+        assert!(is_quick(&put(1000)));
+        assert!(!is_quick(&put(300 << 10)));
+        assert!(!is_quick(&RealClientRpcRequest::RemoveAll { force: false }));
+    }
 }

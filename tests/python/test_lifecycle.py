@@ -1,5 +1,6 @@
 """Setup (dummy, embedded, from the environment), close, health and real-client restarts."""
 
+import ctypes
 import gc
 import json
 import os
@@ -404,3 +405,29 @@ def test_embedded_ssd_tier_keeps_evicted_objects(tmp_path, monkeypatch):
         assert store.is_exist(evicted[0]) == 0
     finally:
         store.close()
+
+
+def test_client_spin_serves_calls_and_a_bad_value_fails_setup(start_client, monkeypatch, caplog):
+    client = start_client()
+    monkeypatch.setenv("MOONCAKE_CLIENT_SPIN_US", "200")
+    store = MooncakeDistributedStore()
+    assert store.setup_dummy(4 * MB, 4 * MB, client.address) == OK
+    try:
+        buf = store.alloc_from_mem_pool(32 * 4096)
+        keys = [f"spin-{i}" for i in range(32)]
+        ptrs = [buf + i * 4096 for i in range(32)]
+        for i, p in enumerate(ptrs):
+            ctypes.memset(p, i, 4096)
+        assert store.batch_put_from(keys, ptrs, [4096] * 32) == [OK] * 32
+        ctypes.memset(buf, 0xFF, 32 * 4096)
+        assert store.batch_get_into(keys, ptrs, [4096] * 32) == [4096] * 32
+        assert all(ctypes.string_at(p, 4096) == bytes([i]) * 4096 for i, p in enumerate(ptrs))
+        assert store.is_exist(keys[0]) == 1
+    finally:
+        store.close()
+    for bad in ("fast", "1001", "-1"):
+        monkeypatch.setenv("MOONCAKE_CLIENT_SPIN_US", bad)
+        caplog.clear()
+        refused = MooncakeDistributedStore()
+        assert refused.setup_dummy(4 * MB, 4 * MB, client.address) != OK
+        assert f'MOONCAKE_CLIENT_SPIN_US="{bad}" is not valid' in caplog.text
