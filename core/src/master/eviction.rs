@@ -161,9 +161,18 @@ impl MasterService {
     }
 
     /// Writes started longer than the release timeout ago are abandoned: their space is
-    /// freed (no writer can still be copying after that long).
-    fn discard_abandoned_writes(&self, now: Instant) {
+    /// freed (no writer can still be copying after that long). The whole index is
+    /// scanned only when the oldest write in progress at the previous scan (or one
+    /// started since) can have passed the timeout, so a busy master with millions of
+    /// objects does not scan them at every pass.
+    pub(super) fn discard_abandoned_writes(&self, now: Instant) {
         let limit = self.config.put_start_release_timeout;
+        let mut due = self.abandoned_scan_due.lock();
+        if due.is_some_and(|due| now < due) {
+            return;
+        }
+        // Writes started after this scan cannot expire before `now + limit`.
+        let mut oldest = now;
         for shard in self.shards.iter() {
             shard.lock().retain(|_, entry| {
                 if entry
@@ -174,8 +183,15 @@ impl MasterService {
                 {
                     free_now(pending.version.replicas.into_vec());
                 }
+                if let Some(pending) = &entry.pending {
+                    oldest = oldest.min(pending.started);
+                }
                 entry.readable.is_some() || entry.pending.is_some()
             });
         }
+        // Just past the deadline: a write is abandoned once *more* than `limit` old.
+        *due = oldest
+            .checked_add(limit)
+            .and_then(|at| at.checked_add(std::time::Duration::from_millis(1)));
     }
 }

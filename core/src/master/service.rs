@@ -68,6 +68,10 @@ pub struct MasterService {
     pub(super) segments: SegmentTable,
     deferred: Mutex<Vec<DeferredFree>>,
     has_deferred: AtomicBool,
+    /// When a write in progress can next have outlived the release timeout (`None`: at
+    /// once); the index is scanned for abandoned writes only then, not at every
+    /// maintenance pass.
+    pub(super) abandoned_scan_due: Mutex<Option<Instant>>,
     tasks: TaskTable,
     pub(super) clients: ClientTable,
     pub(super) evicted_objects: AtomicU64,
@@ -103,6 +107,7 @@ impl MasterService {
             segments: SegmentTable::default(),
             deferred: Mutex::new(Vec::new()),
             has_deferred: AtomicBool::new(false),
+            abandoned_scan_due: Mutex::new(None),
             tasks: TaskTable::default(),
             clients: ClientTable::default(),
             evicted_objects: AtomicU64::new(0),

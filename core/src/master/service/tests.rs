@@ -139,6 +139,44 @@ fn stale_write_is_discarded_but_space_waits_for_release_timeout() {
 }
 
 #[test]
+fn abandoned_writes_are_discarded_on_time_without_scanning_every_pass() {
+    let (master, clock) = master(1 << 20);
+    master
+        .put_start("early", 4096, &ReplicateConfig::default())
+        .expect("start");
+    master.maintenance();
+    clock.advance(Duration::from_secs(300));
+    master
+        .put_start("late", 4096, &ReplicateConfig::default())
+        .expect("start");
+    put(&master, "done", 64).expect("put");
+    // Before the earliest write can have expired, a pass does not scan the index.
+    master.maintenance();
+    assert_eq!(master.stats().writes_in_progress, 2);
+    let due = *master.abandoned_scan_due.lock();
+    // Past 600 s for "early" only: it alone is discarded and its space freed.
+    clock.advance(Duration::from_secs(301));
+    master.maintenance();
+    assert_eq!(master.stats().writes_in_progress, 1);
+    assert_eq!(master.pending_write_id("early"), None);
+    assert!(master.pending_write_id("late").is_some());
+    assert_eq!(master.stats().segments[0].used, 4096 + 64);
+    assert!(
+        *master.abandoned_scan_due.lock() > due,
+        "the next scan waits for the write left in progress"
+    );
+    // The remaining write expires 600 s after it started.
+    clock.advance(Duration::from_secs(290));
+    master.maintenance();
+    assert!(master.pending_write_id("late").is_some());
+    clock.advance(Duration::from_secs(20));
+    master.maintenance();
+    assert_eq!(master.stats().writes_in_progress, 0);
+    assert_eq!(master.stats().segments[0].used, 64);
+    assert_eq!(master.get_replica_list("done").map(|(r, _)| r.len()), Ok(1));
+}
+
+#[test]
 fn remove_all_and_batch_remove() {
     let (master, _) = master(1 << 20);
     for key in ["a", "b", "c"] {
