@@ -33,15 +33,14 @@ impl DummyHandler {
     /// The dummy's range in its shared memory or its declared memory; anything else is
     /// `INVALID_PARAMS`.
     fn translate(&self, range: MemRange) -> CodeResult<Region> {
-        let region = self.session.region(range.addr, range.len).map_err(|error| {
+        self.session.region(range.addr, range.len).map_err(|error| {
             tracing::warn!(
                 pid = self.session.pid,
                 %error,
                 "rejected a dummy range: neither in its shared memory nor wholly inside one range of memory it declared (usable across processes)"
             );
             ErrorCode::INVALID_PARAMS
-        })?;
-        Ok(region)
+        })
     }
 
     /// True when `ranges` start in the dummy's staging buffer: the dummy copied their
@@ -159,7 +158,7 @@ impl DummyHandler {
             let copied = self.state.store.get_ranges(&read.key, &valid).await;
             for (index, result) in positions.into_iter().zip(copied) {
                 if let Ok(len) = result
-                    && self.staged(std::slice::from_ref(&read.fragments[index].dest))
+                    && self.session.in_staging(read.fragments[index].dest.addr)
                 {
                     self.state.metrics.add_staged(len);
                 }
