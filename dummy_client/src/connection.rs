@@ -25,6 +25,7 @@ use mooncake_core::protocol::handshake::{
 use mooncake_core::protocol::rpc::{
     RealClientRpcClient, RealClientRpcRequest, RealClientRpcResponse,
 };
+use mooncake_core::protocol::unix_stream::RpcUnixStream;
 use mooncake_shm::SharedMemory;
 use mooncake_shm::fd_passing::{peer_credentials, recv_exact_with_fds, send_with_fd};
 
@@ -338,8 +339,7 @@ pub fn connect(
         .filter(|pid| *pid > 0);
     let watch = stream.as_fd().try_clone_to_owned().map_err(fail)?;
     stream.set_read_timeout(None).map_err(fail)?;
-    stream.set_nonblocking(true).map_err(fail)?;
-    let stream = tokio::net::UnixStream::from_std(stream).map_err(fail)?;
+    let stream = RpcUnixStream::new(stream).map_err(fail)?;
     let transport = codec::transport(stream);
     let channel = tarpc::client::new(tarpc::client::Config::default(), transport).spawn();
     Ok(Connected {

@@ -15,6 +15,7 @@ use mooncake_core::protocol::rpc::{
     PutSource, RealClientRpc, RealClientRpcRequest, RealClientRpcResponse, StatusReport,
 };
 use mooncake_core::protocol::serving::serve_connection;
+use mooncake_core::protocol::unix_stream::RpcUnixStream;
 use mooncake_shm::fd_passing::{PeerCredentials, peer_credentials};
 
 use crate::handshake::{self, Outcome, ServerIdentity};
@@ -188,8 +189,7 @@ async fn connection(stream: UnixStream, state: Arc<ServerState>) {
     }
     let stream = match std_stream
         .set_read_timeout(None)
-        .and_then(|()| std_stream.set_nonblocking(true))
-        .and_then(|()| UnixStream::from_std(std_stream))
+        .and_then(|()| RpcUnixStream::new(std_stream))
     {
         Ok(stream) => stream,
         Err(error) => {

@@ -12,6 +12,7 @@ pub mod handshake;
 pub mod master_rpc;
 pub mod rpc;
 pub mod serving;
+pub mod unix_stream;
 
 /// Version of the dummy ↔ real protocol; both sides must agree exactly.
 pub const PROTOCOL_VERSION: u32 = 4;
