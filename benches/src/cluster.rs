@@ -5,19 +5,31 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use mooncake_dummy_client::ReplicateConfig;
+use mooncake_real_client::transfer::Congestion;
+use mooncake_real_client::transfer::tuning::DEFAULT_CONGESTION as TRANSFER_CONGESTION;
 
 use crate::processes::{Processes, free_port, spawn, wait_for};
 
-/// Raw loopback TCP: one sender streaming 16 MiB messages to one receiver.
-fn loopback_tcp_gbps(total: usize) -> Result<f64, String> {
+/// Raw loopback TCP: one sender streaming 16 MiB messages to one receiver, both
+/// sockets prepared as `congestion` says. The messages come from `source_len` bytes
+/// of memory in turn: 16 MiB stays in the cache between sends, 256 MiB is read from
+/// memory as a real client reads its segment.
+fn loopback_tcp_gbps(
+    total: usize,
+    congestion: &Congestion,
+    source_len: usize,
+) -> Result<f64, String> {
+    const MESSAGE: usize = 16 << 20;
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
+    let receiver_congestion = congestion.clone();
     let receiver = std::thread::spawn(move || -> std::io::Result<()> {
         let (mut stream, _) = listener.accept()?;
-        let mut buf = vec![0u8; 16 << 20];
+        receiver_congestion.prepare(&stream);
+        let mut buf = vec![0u8; MESSAGE];
         let mut left = total;
         while left > 0 {
-            let n = stream.read(&mut buf[..left.min(16 << 20)])?;
+            let n = stream.read(&mut buf[..left.min(MESSAGE)])?;
             if n == 0 {
                 break;
             }
@@ -26,13 +38,22 @@ fn loopback_tcp_gbps(total: usize) -> Result<f64, String> {
         stream.write_all(&[1])
     });
     let mut stream = TcpStream::connect(address).map_err(|e| e.to_string())?;
-    let _ = stream.set_nodelay(true);
-    let block = vec![7u8; 16 << 20];
+    congestion.prepare(&stream);
+    let source: Vec<u8> = (0..source_len.max(MESSAGE))
+        .map(|i| u8::try_from(i % 251).unwrap_or(0))
+        .collect();
     let started = Instant::now();
     let mut sent = 0;
+    let mut at = 0;
     while sent < total {
-        let n = block.len().min(total - sent);
-        stream.write_all(&block[..n]).map_err(|e| e.to_string())?;
+        let n = MESSAGE.min(total - sent);
+        if at + n > source.len() {
+            at = 0;
+        }
+        stream
+            .write_all(&source[at..at + n])
+            .map_err(|e| e.to_string())?;
+        at += n;
         sent += n;
     }
     let mut ack = [0u8; 1];
@@ -41,6 +62,13 @@ fn loopback_tcp_gbps(total: usize) -> Result<f64, String> {
     let _ = receiver.join();
     #[expect(clippy::cast_precision_loss, reason = "throughput")]
     Ok(total as f64 / elapsed.as_secs_f64() / 1e9)
+}
+
+/// Raw TCP runs: congestion control and source size.
+struct RawRun {
+    congestion: Congestion,
+    source_len: usize,
+    results: Vec<f64>,
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -92,11 +120,30 @@ pub fn run(repeats: usize) -> Result<(), String> {
     println!(
         "\ncluster: dummy on node A, data in node B's segment (TCP transfer engine over loopback), medians of {repeats}"
     );
-    println!("\n| measure | GB/s | vs raw TCP |\n|---|---|---|");
-    let mut tcp = Vec::new();
+    // Raw TCP with the transfer sockets' congestion control and with the system's, from
+    // a cache-resident block and from memory; each reference is the faster of the two.
+    let mut raw_runs: Vec<RawRun> = [16usize << 20, 256 << 20]
+        .into_iter()
+        .flat_map(|source_len| {
+            [
+                Congestion::Named(TRANSFER_CONGESTION.into()),
+                Congestion::System,
+            ]
+            .map(|congestion| RawRun {
+                congestion,
+                source_len,
+                results: Vec::new(),
+            })
+        })
+        .collect();
     let mut rows: Vec<(String, Vec<f64>)> = Vec::new();
     for round in 0..=repeats {
-        let raw = loopback_tcp_gbps(512 << 20)?;
+        for run in &mut raw_runs {
+            let raw = loopback_tcp_gbps(512 << 20, &run.congestion, run.source_len)?;
+            if round > 0 {
+                run.results.push(raw);
+            }
+        }
         for (index, size) in [1u64 << 20, 16 << 20].into_iter().enumerate() {
             let count = (256u64 << 20) / size;
             let buf = node_a.alloc_from_mem_pool(size);
@@ -133,16 +180,47 @@ pub fn run(repeats: usize) -> Result<(), String> {
             rows[index * 2].1.push(put);
             rows[index * 2 + 1].1.push(get);
         }
-        if round > 0 {
-            tcp.push(raw);
-        }
     }
-    let tcp = median(&mut tcp);
-    println!("| raw loopback TCP, 16 MiB writes | {tcp:.2} | 100% |");
-    for (label, mut values) in rows {
-        let value = median(&mut values);
-        println!("| {label} | {value:.2} | {:.0}% |", value / tcp * 100.0);
-    }
+    print_rows(&mut raw_runs, rows);
     node_a.close();
     Ok(())
+}
+
+/// Prints the raw TCP runs and every measured row next to the faster raw run of each
+/// source size.
+fn print_rows(raw_runs: &mut [RawRun], rows: Vec<(String, Vec<f64>)>) {
+    let system_name = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .map_or_else(|_| "unknown".into(), |s| s.trim().to_string());
+    let reference = |runs: &mut [RawRun], source_len: usize| {
+        runs.iter_mut()
+            .filter(|run| run.source_len == source_len)
+            .map(|run| median(&mut run.results))
+            .fold(0.0, f64::max)
+    };
+    let cached = reference(raw_runs, 16 << 20);
+    let from_memory = reference(raw_runs, 256 << 20);
+    println!(
+        "\n| measure | GB/s | vs raw TCP from a cached 16 MiB block | vs raw TCP from 256 MiB of memory |\n|---|---|---|---|"
+    );
+    for run in raw_runs.iter_mut() {
+        let name = match &run.congestion {
+            Congestion::Named(name) => format!("{name} (the transfer sockets')"),
+            Congestion::System => format!("{system_name} (the system's)"),
+        };
+        let value = median(&mut run.results);
+        println!(
+            "| raw loopback TCP from {} MiB, {name} | {value:.2} | {:.0}% | {:.0}% |",
+            run.source_len >> 20,
+            value / cached * 100.0,
+            value / from_memory * 100.0
+        );
+    }
+    for (label, mut values) in rows {
+        let value = median(&mut values);
+        println!(
+            "| {label} | {value:.2} | {:.0}% | {:.0}% |",
+            value / cached * 100.0,
+            value / from_memory * 100.0
+        );
+    }
 }

@@ -25,6 +25,9 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
         .compat(Compat::Differs("default embedded (upstream: 127.0.0.1:50051); etcd:// is refused")),
     FlagSpec::value("embedded_master_port", Some("50051"), "with the embedded master: also serve it on 127.0.0.1:<port> for other local processes (0: do not)").ours(),
     FlagSpec::value("transfer_port", Some("0"), "TCP port of the transfer engine that peers read from and write to (0: any free port)").ours(),
+    FlagSpec::value("transfer_tcp_congestion", Some(crate::transfer::tuning::DEFAULT_CONGESTION), "TCP congestion control of transfer connections (`system`: the machine's default)")
+        .env("MOONCAKE_TRANSFER_TCP_CONGESTION")
+        .ours(),
     FlagSpec::boolean("enable_http_server", false, "serve /health, /metrics (Prometheus) and /status (JSON) over HTTP")
         .env("MOONCAKE_ENABLE_CLIENT_HTTP_SERVER"),
     FlagSpec::value("http_port", Some("9300"), "port of the HTTP server (--enable_http_server)").env("MOONCAKE_CLIENT_HTTP_PORT"),
@@ -112,6 +115,8 @@ pub struct RealClientConfig {
     pub embedded_master_port: u16,
     /// Port of the transfer engine (0: any free port).
     pub transfer_port: u16,
+    /// TCP congestion control of transfer connections.
+    pub transfer_congestion: crate::transfer::Congestion,
     /// Port of the HTTP server for /health, /metrics and /status (`None`: off).
     pub http_port: Option<u16>,
     /// Settings of the embedded master.
@@ -251,6 +256,7 @@ impl RealClientConfig {
             master_address,
             embedded_master_port: flags.number("embedded_master_port")?.unwrap_or(0),
             transfer_port: flags.number("transfer_port")?.unwrap_or(0),
+            transfer_congestion: transfer_congestion(flags)?,
             http_port: if flags.bool("enable_http_server")? {
                 Some(flags.number("http_port")?.unwrap_or(9300))
             } else {
@@ -338,6 +344,14 @@ fn tenant_flag(flags: &ParsedFlags) -> Result<String, ConfigError> {
     Ok(name)
 }
 
+fn transfer_congestion(flags: &ParsedFlags) -> Result<crate::transfer::Congestion, ConfigError> {
+    let name = flags
+        .string("transfer_tcp_congestion")
+        .unwrap_or_else(|| crate::transfer::tuning::DEFAULT_CONGESTION.into());
+    crate::transfer::Congestion::parse(&name)
+        .map_err(|reason| invalid("transfer_tcp_congestion", reason))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -390,6 +404,23 @@ mod tests {
         assert_eq!(parsed.compat_notes.len(), 2, "{:?}", parsed.compat_notes);
         assert!(config(&["--start_offload_rpc_server=false"]).is_err());
         assert!(config(&["--host=10.0.0.1:12345"]).is_err());
+    }
+
+    #[test]
+    fn transfer_congestion_defaults_to_cubic_and_names_are_checked() {
+        use crate::transfer::Congestion;
+        let named = |name: &str| Congestion::Named(name.into());
+        assert_eq!(
+            config(&[]).expect("defaults").transfer_congestion,
+            named("cubic")
+        );
+        let system = config(&["--transfer_tcp_congestion=system"]).expect("system");
+        assert_eq!(system.transfer_congestion, Congestion::System);
+        let error = config(&["--transfer_tcp_congestion=Cubic!"]).expect_err("refused");
+        assert!(
+            error.to_string().contains("--transfer_tcp_congestion"),
+            "{error}"
+        );
     }
 
     #[test]

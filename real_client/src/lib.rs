@@ -56,8 +56,8 @@ use handshake::ServerIdentity;
 use master_link::{MasterKind, MasterLink, RemoteMaster};
 use server::{BindError, ServerState};
 use store::Store;
-use transfer::TransferServer;
 use transfer::server::ServedSegment;
+use transfer::{TransferClient, TransferServer};
 
 /// Why the real client could not start.
 #[derive(Debug, thiserror::Error)]
@@ -221,9 +221,13 @@ impl RealClient {
             })),
             None => None,
         };
-        let transfer =
-            TransferServer::start(config.transfer_bind(), Arc::clone(&served), disk.clone())
-                .map_err(StartError::Transfer)?;
+        let transfer = TransferServer::start(
+            config.transfer_bind(),
+            Arc::clone(&served),
+            disk.clone(),
+            config.transfer_congestion.clone(),
+        )
+        .map_err(StartError::Transfer)?;
         let endpoint = format!("{}:{}", config.advertised_host(), transfer.address().port());
         let segment_name = config.segment_name();
         if contributes {
@@ -249,7 +253,13 @@ impl RealClient {
                 segment_name,
                 max_mapped_bytes: config.max_dummy_shm_size,
             },
-            store: Store::new(master, served, config.segment_name(), disk),
+            store: Store::new(
+                master,
+                served,
+                config.segment_name(),
+                disk,
+                TransferClient::new(config.transfer_congestion.clone()),
+            ),
             sessions: Default::default(),
             allowed_uids: config.allowed_uids.clone(),
             started,

@@ -122,17 +122,18 @@ fn transfer_blocking<T>(work: impl FnOnce() -> T) -> T {
 }
 
 impl Store {
-    /// A store over `master` with `segment` mounted.
+    /// A store over `master` with `segment` mounted, reaching peers through `transfers`.
     pub fn new(
         master: MasterLink,
         segment: Arc<ServedSegment>,
         segment_name: String,
         disk: Option<Arc<DiskTier>>,
+        transfers: TransferClient,
     ) -> Self {
         Store {
             master,
             segment,
-            transfers: TransferClient::default(),
+            transfers,
             disk,
             segment_name,
             remote_disk_reads: std::sync::atomic::AtomicU64::new(0),

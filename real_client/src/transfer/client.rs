@@ -10,6 +10,7 @@ use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_shm::{MemSlice, Outgoing, send_vectored};
 
 use super::stream::BufferedStream;
+use super::tuning::Congestion;
 use super::wire::{Op, REQUEST_LEN, Request, read_response};
 
 /// How long connecting to a peer may take.
@@ -38,9 +39,18 @@ pub struct Transfer<'a> {
 #[derive(Debug, Default)]
 pub struct TransferClient {
     idle: Mutex<HashMap<String, Vec<BufferedStream>>>,
+    congestion: Congestion,
 }
 
 impl TransferClient {
+    /// A client whose connections use `congestion`.
+    pub fn new(congestion: Congestion) -> Self {
+        TransferClient {
+            idle: Mutex::default(),
+            congestion,
+        }
+    }
+
     fn checkout(&self, endpoint: &str) -> CodeResult<BufferedStream> {
         if let Some(stream) = self.idle.lock().get_mut(endpoint).and_then(Vec::pop) {
             return Ok(stream);
@@ -53,7 +63,7 @@ impl TransferClient {
             tracing::warn!(endpoint, %error, "cannot connect to a peer's transfer engine");
             ErrorCode::TRANSFER_FAIL
         })?;
-        let _ = stream.set_nodelay(true);
+        self.congestion.prepare(&stream);
         // A peer that vanishes must not hold a transfer forever.
         let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
         let _ = stream.set_write_timeout(Some(IO_TIMEOUT));

@@ -7,7 +7,8 @@
 //! the whole payload, streamed straight from or into the mapped memory: no round trip
 //! per chunk. Batches are pipelined: a window of requests leaves in one vectored send,
 //! the server reads them through a small buffer ([`stream`]) and sends its answers
-//! together once no further request is waiting. TCP_NODELAY is set on every connection.
+//! together once no further request is waiting. Every connection is prepared by
+//! [`tuning`]: TCP_NODELAY, and the congestion control of `--transfer_tcp_congestion`.
 //!
 //! ```text
 //! request  := magic "MCTE" | op u8 (1 read, 2 write) | 0 u8 x3 | segment u64 LE
@@ -19,10 +20,12 @@
 pub mod client;
 pub mod server;
 mod stream;
+pub mod tuning;
 mod wire;
 
 pub use client::TransferClient;
 pub use server::TransferServer;
+pub use tuning::Congestion;
 
 #[cfg(test)]
 mod tests {
@@ -53,6 +56,7 @@ mod tests {
             "127.0.0.1:0".parse().expect("address"),
             Arc::clone(&segment),
             None,
+            super::Congestion::System,
         )
         .expect("server");
         (server, segment)

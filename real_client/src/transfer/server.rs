@@ -8,6 +8,7 @@ use mooncake_core::error::ErrorCode;
 use mooncake_shm::{MemSlice, Outgoing, SharedMemory, send_vectored};
 
 use super::stream::BufferedStream;
+use super::tuning::Congestion;
 use super::wire::{Op, REQUEST_LEN, Request, WireError, encode_response};
 use crate::disk::DiskTier;
 
@@ -33,11 +34,13 @@ pub struct ServedSegment {
 
 impl TransferServer {
     /// Binds `bind` and serves `segment` (and `disk`, this node's SSD tier, when
-    /// enabled) on background threads (one per connection).
+    /// enabled) on background threads (one per connection), answering with
+    /// `congestion`.
     pub fn start(
         bind: SocketAddr,
         segment: Arc<ServedSegment>,
         disk: Option<Arc<DiskTier>>,
+        congestion: Congestion,
     ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(bind)?;
         let address = listener.local_addr()?;
@@ -51,6 +54,7 @@ impl TransferServer {
                         break;
                     }
                     let Ok(stream) = stream else { continue };
+                    congestion.prepare(&stream);
                     let segment = Arc::clone(&segment);
                     let disk = disk.clone();
                     let spawned = std::thread::Builder::new()
@@ -142,7 +146,6 @@ impl Outbox {
 }
 
 fn serve_connection(stream: TcpStream, segment: &ServedSegment, disk: Option<&DiskTier>) {
-    let _ = stream.set_nodelay(true);
     // Idle pooled connections may wait long between requests; a stalled peer mid-frame
     // is dropped after the write timeout.
     let _ = stream.set_write_timeout(Some(std::time::Duration::from_secs(30)));
