@@ -178,12 +178,11 @@ async fn connection(stream: UnixStream, state: Arc<ServerState>) {
         }
     };
     // Listed in status before the dummy's setup returns.
-    state.sessions.insert(Arc::clone(&session));
+    let _listed = Listed::new(&state, &session);
     if let Err(error) = handshake::send(
         &std_stream,
         &mooncake_core::protocol::handshake::RealFrame::Attached,
     ) {
-        state.sessions.remove(&session);
         tracing::warn!(%error, "dummy left during the handshake");
         return;
     }
@@ -197,7 +196,7 @@ async fn connection(stream: UnixStream, state: Arc<ServerState>) {
             return;
         }
     };
-    serve_session(state, session, codec::transport(stream)).await;
+    serve_session(state, session, codec::serving_transport(stream)).await;
 }
 
 /// Serves one dummy session over `transport` until it closes, then releases everything
@@ -210,7 +209,7 @@ where
         > + Send
         + 'static,
 {
-    state.sessions.insert(Arc::clone(&session));
+    let _listed = Listed::new(&state, &session);
     let info = session.info();
     tracing::info!(pid = info.pid, uid = info.uid, name = %info.name, segments = info.segments, mapped_bytes = info.mapped_bytes, "dummy attached");
     let handler = DummyHandler {
@@ -226,8 +225,31 @@ where
         },
     )
     .await;
-    state.sessions.remove(&session);
     tracing::info!(pid = info.pid, name = %info.name, "dummy detached; its shared memory is released");
+}
+
+/// Lists a session with the server while it is served, and unlists it however serving
+/// ends (a return, an error or a panic), which releases its shared memory once its last
+/// request is done.
+struct Listed {
+    state: Arc<ServerState>,
+    session: Arc<Session>,
+}
+
+impl Listed {
+    fn new(state: &Arc<ServerState>, session: &Arc<Session>) -> Self {
+        state.sessions.insert(Arc::clone(session));
+        Listed {
+            state: Arc::clone(state),
+            session: Arc::clone(session),
+        }
+    }
+}
+
+impl Drop for Listed {
+    fn drop(&mut self) {
+        self.state.sessions.remove(&self.session);
+    }
 }
 
 /// Reads and writes that move at most this many bytes in total run in the session's

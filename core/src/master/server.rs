@@ -339,7 +339,7 @@ pub async fn serve(
                     tracing::debug!(%peer, "master connection");
                     let handler = handler.clone();
                     tokio::spawn(serve_connection(
-                        BaseChannel::with_defaults(codec::transport(stream)),
+                        BaseChannel::with_defaults(codec::serving_transport(stream)),
                         handler.serve(),
                         is_quick,
                         |request, serve| {
