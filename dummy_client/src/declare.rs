@@ -83,7 +83,7 @@ impl DummyClient {
     }
 
     /// Runs a call on this client's runtime (or, in process, on this thread).
-    fn block_on<F: std::future::Future>(&self, call: F) -> F::Output {
+    pub(crate) fn block_on<F: std::future::Future>(&self, call: F) -> F::Output {
         if self.inner.target.is_in_process() {
             crate::connection::run_in_process(call)
         } else {
@@ -165,5 +165,6 @@ impl DummyClient {
         if !self.inner.target.is_in_process() {
             self.declare_over(connected, &buffers);
         }
+        self.redeclare_devices(connected);
     }
 }

@@ -56,6 +56,18 @@ impl Host {
         in_process::unregister(&self.state, identity.client_id, base)
     }
 
+    /// Registers a GPU buffer with the in-process session (its device pointers are
+    /// valid in the real client, which runs here).
+    pub fn register_device(
+        &self,
+        identity: &Identity,
+        addr: u64,
+        len: u64,
+        allocation: mooncake_device::DeviceAllocation,
+    ) -> mooncake_core::error::CodeResult<()> {
+        in_process::register_device(&self.state, identity.client_id, addr, len, allocation)
+    }
+
     /// Adds a segment to the in-process session.
     pub fn attach(&self, identity: &Identity, offer: &Offer) -> Result<(), ConnectError> {
         in_process::register(&self.state, identity.client_id, Arc::clone(&offer.memory))

@@ -6,7 +6,8 @@
 //! Payload bytes never cross the socket on the pointer calls (`put_from`, `get_into` and
 //! their batch forms): the real client copies them directly between the segment and
 //! this process's shared memory, or, for registered ordinary memory it is allowed to
-//! reach, straight to and from that memory across processes.
+//! reach, straight to and from that memory across processes. Registered GPU buffers are
+//! copied by the real client's CUDA driver (their allocation opened from an IPC handle).
 //!
 //! With the `embedded` feature, [`DummyClient::setup_embedded`] runs the real client in
 //! this process instead (the Python `setup()` mode); every call behaves the same.
@@ -19,6 +20,7 @@ mod buffer;
 mod client;
 pub mod connection;
 mod declare;
+mod device;
 #[cfg(feature = "embedded")]
 pub mod embedded;
 pub mod host_memory;

@@ -8,6 +8,8 @@
 //!   (heap, numpy, pinned host memory) and that the real client accepted as declared
 //!   memory it can reach across processes: sent as is, copied once by the real client;
 //! * inside another registered ordinary buffer: copied through the staging buffer;
+//! * inside a registered GPU buffer the real client opened (or, embedded, borrowed):
+//!   sent as is, copied once by the real client's CUDA driver; never touched here;
 //! * anything else: sent as is, and the real client rejects it with `INVALID_PARAMS`
 //!   (it only ever touches memory the dummy registered or declared with it).
 
@@ -16,6 +18,7 @@ use std::sync::Arc;
 
 use mooncake_core::protocol::handshake::SegmentKind;
 use mooncake_core::protocol::rpc::MemRange;
+use mooncake_device::DeviceAllocation;
 use mooncake_shm::shared_memory::PageSize;
 use mooncake_shm::{MemSlice, PoolAllocator, SharedMemory, ShmError};
 
@@ -31,6 +34,9 @@ pub enum RangeKind {
     CrossMemory,
     /// Inside a registered ordinary buffer: copied through staging.
     CopyThrough,
+    /// Inside a registered GPU buffer the real client reaches: copied once, by the
+    /// real client's CUDA driver.
+    Device,
     /// Unknown memory: forwarded and rejected by the real client.
     Foreign,
 }
@@ -60,8 +66,11 @@ struct Registration {
     len: u64,
     /// Inside the dummy's shared memory (zero-copy).
     shared: bool,
-    /// Ordinary memory the connected real client accepted as declared.
+    /// Ordinary memory the connected real client accepted as declared, or a GPU
+    /// buffer it reaches.
     declared: bool,
+    /// The device allocation, for a GPU buffer.
+    device: Option<DeviceAllocation>,
 }
 
 /// A block of the staging buffer: its dummy address and its memory.
@@ -185,13 +194,40 @@ impl DummyMemory {
             .collect()
     }
 
-    /// Every registered buffer that is not shared memory, as `(start, len)`.
+    /// Every registered buffer that is host memory but not shared memory, as
+    /// `(start, len)`.
     pub fn ordinary_registrations(&self) -> Vec<(u64, u64)> {
         self.registered
             .iter()
-            .filter(|(_, r)| !r.shared)
+            .filter(|(_, r)| !r.shared && r.device.is_none())
             .map(|(&start, r)| (start, r.len))
             .collect()
+    }
+
+    /// Every registered GPU buffer, as `(start, len, allocation)`.
+    pub fn device_registrations(&self) -> Vec<(u64, u64, DeviceAllocation)> {
+        self.registered
+            .iter()
+            .filter_map(|(&start, r)| r.device.map(|d| (start, r.len, d)))
+            .collect()
+    }
+
+    /// Registers the GPU buffer `addr..addr+len` of `allocation`; `declared` when the
+    /// real client reaches it already.
+    pub fn register_device(
+        &mut self,
+        addr: u64,
+        len: u64,
+        allocation: DeviceAllocation,
+        declared: bool,
+    ) {
+        let registration = Registration {
+            len,
+            shared: false,
+            declared,
+            device: Some(allocation),
+        };
+        self.registered.insert(addr, registration);
     }
 
     /// Records whether the real client accepted the buffer at `start` as declared.
@@ -259,10 +295,13 @@ impl DummyMemory {
             || self.in_host_memory(addr, len)
     }
 
-    /// True when `addr..addr+len` is memory this client may read: its shared memory or
-    /// a registered buffer.
+    /// True when `addr..addr+len` is host memory this client may read: its shared
+    /// memory or a registered host buffer (never GPU memory).
     pub fn is_known(&self, addr: u64, len: u64) -> bool {
-        self.classify(addr, len) != RangeKind::Foreign
+        !matches!(
+            self.classify(addr, len),
+            RangeKind::Foreign | RangeKind::Device
+        )
     }
 
     /// Registers `addr..addr+len` as an application buffer (not declared yet);
@@ -273,6 +312,7 @@ impl DummyMemory {
             len,
             shared,
             declared: false,
+            device: None,
         };
         self.registered.insert(addr, registration);
         shared
@@ -301,8 +341,17 @@ impl DummyMemory {
             .range(..=addr)
             .filter(|(start, r)| end <= start.saturating_add(r.len))
             .peekable();
-        if containing.peek().is_none() {
+        let Some((_, first)) = containing.peek() else {
             return RangeKind::Foreign;
+        };
+        if first.device.is_some() {
+            // A GPU buffer: never copied here; forwarded when the real client reaches
+            // it, else rejected by it.
+            return if first.declared {
+                RangeKind::Device
+            } else {
+                RangeKind::Foreign
+            };
         }
         if self.cross_memory && containing.any(|(_, r)| r.declared) {
             RangeKind::CrossMemory

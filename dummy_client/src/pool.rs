@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::protocol::handshake::SegmentKind;
+use mooncake_device::MemoryKind;
 
 use crate::client::DummyClient;
 use crate::connection::{Link, Offer};
@@ -71,7 +72,9 @@ impl DummyClient {
     /// shared memory is zero-copy; ordinary memory (heap, numpy arrays, pinned host
     /// memory) is accepted too: it is declared to the real client, which copies it once
     /// across processes where the kernel allows, and otherwise copied through the
-    /// staging buffer. The memory must stay valid until
+    /// staging buffer. A GPU buffer is handed to the real client, which copies it with
+    /// the CUDA driver ([`crate::device`]); memory that is neither readable host memory
+    /// nor device memory is refused. The memory must stay valid until
     /// [`unregister_buffer`](Self::unregister_buffer).
     pub fn register_buffer(&self, ptr: u64, size: u64) -> CodeResult<()> {
         if self.is_closed() {
@@ -79,6 +82,14 @@ impl DummyClient {
         }
         if ptr == 0 || size == 0 || ptr.checked_add(size).is_none() {
             return Err(ErrorCode::INVALID_PARAMS);
+        }
+        match mooncake_device::classify(ptr, size) {
+            MemoryKind::Host => {}
+            MemoryKind::Cuda(allocation) => return self.register_device(ptr, size, allocation),
+            MemoryKind::Unreachable(why) => {
+                tracing::error!(ptr, size, %why, "register_buffer refused the range");
+                return Err(ErrorCode::INVALID_PARAMS);
+            }
         }
         self.attach_host_memory(ptr, size)?;
         #[cfg(feature = "embedded")]

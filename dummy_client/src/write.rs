@@ -362,7 +362,9 @@ impl DummyClient {
                 .collect();
             return Ok(Plan::Direct(ranges));
         }
-        if kinds.contains(&RangeKind::Foreign) {
+        // Unknown memory, and GPU memory (never copied by this process), cannot join
+        // a copy.
+        if kinds.contains(&RangeKind::Foreign) || kinds.contains(&RangeKind::Device) {
             return Err(ErrorCode::INVALID_PARAMS);
         }
         parts

@@ -13,6 +13,7 @@ use tarpc::client::RpcError;
 use tarpc::context::Context;
 use tarpc::server::Serve;
 
+use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::protocol::rpc::{RealClientRpc, RealClientRpcRequest, RealClientRpcResponse};
 use mooncake_shm::{SharedMemory, TranslateError};
 
@@ -111,6 +112,33 @@ pub fn register(
         .write()
         .add(base, memory)
         .map_err(|e| e.to_string())
+}
+
+/// Registers a GPU buffer of the in-process session of `client_id` (its device
+/// pointers are valid in this process): requests naming ranges inside it are copied
+/// by the driver between the device and the segment.
+pub fn register_device(
+    state: &ServerState,
+    client_id: u128,
+    addr: u64,
+    len: u64,
+    allocation: mooncake_device::DeviceAllocation,
+) -> CodeResult<()> {
+    let session = state
+        .sessions
+        .get(client_id)
+        .ok_or(ErrorCode::INVALID_PARAMS)?;
+    let segment = &state.store.segment().memory;
+    session.devices().lend(addr, len, allocation, segment)
+}
+
+/// Forgets the GPU buffer registered at `addr` by the in-process session of
+/// `client_id`; false when there is none.
+pub fn unregister_device(state: &ServerState, client_id: u128, addr: u64) -> bool {
+    state
+        .sessions
+        .get(client_id)
+        .is_some_and(|session| session.devices().forget(addr))
 }
 
 /// Removes the segment at `base` from the in-process session of `client_id` (the

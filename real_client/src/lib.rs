@@ -21,6 +21,7 @@
 pub mod cli;
 pub mod config;
 pub mod declared;
+pub mod device_buffers;
 pub mod disk;
 pub mod disk_staging;
 pub mod handshake;

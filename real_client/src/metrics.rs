@@ -72,6 +72,13 @@ impl Metrics {
              mooncake_client_staged_bytes_total {}\n",
             self.staged_bytes()
         );
+        let _ = write!(
+            text,
+            "# HELP mooncake_client_device_handles GPU allocations of dummies held open (CUDA IPC handles).\n\
+             # TYPE mooncake_client_device_handles gauge\n\
+             mooncake_client_device_handles {}\n",
+            mooncake_device::cuda::open_handles()
+        );
         text
     }
 }

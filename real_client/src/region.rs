@@ -6,12 +6,16 @@
 //! memory the dummy declared ([`Region::Process`]) is not mapped: it is copied once with
 //! `process_vm_readv` / `process_vm_writev` between the dummy's pages and a mapping of
 //! this process (the segment, or a private bounce buffer that feeds the transfer engine).
+//! GPU memory the dummy registered ([`Region::Device`]) is copied by the CUDA driver
+//! between the device and such a mapping; the CPU never touches it.
 
 use std::sync::Arc;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_shm::MemSlice;
 use mooncake_shm::cross_memory::{CrossMemoryError, PeerProcess};
+
+use crate::device_buffers::DeviceTarget;
 
 /// A range of the dummy's ordinary memory.
 #[derive(Clone, Debug)]
@@ -24,6 +28,17 @@ pub struct ProcessRange {
     pub len: u64,
 }
 
+/// A range of a dummy's GPU memory, as a device address of this process.
+#[derive(Clone, Debug)]
+pub struct DeviceRange {
+    /// The allocation (kept open while the range is in use).
+    pub target: Arc<DeviceTarget>,
+    /// Start, as a device address of this process.
+    pub ptr: u64,
+    /// Length in bytes (never 0).
+    pub len: u64,
+}
+
 /// A range of a dummy's memory, already checked against what the dummy registered or
 /// declared.
 #[derive(Clone, Debug)]
@@ -32,6 +47,8 @@ pub enum Region {
     Mapped(MemSlice),
     /// Ordinary memory of the dummy, reached across processes.
     Process(ProcessRange),
+    /// GPU memory of the dummy, copied by the CUDA driver.
+    Device(DeviceRange),
 }
 
 impl From<MemSlice> for Region {
@@ -46,12 +63,56 @@ fn failed(error: &CrossMemoryError) -> ErrorCode {
     ErrorCode::INVALID_PARAMS
 }
 
+/// Logs a failed device copy; the code the request gets.
+fn device_failed(error: &mooncake_device::DeviceError) -> ErrorCode {
+    tracing::warn!(%error, "a copy to or from a dummy's GPU memory failed");
+    ErrorCode::TRANSFER_FAIL
+}
+
+impl DeviceRange {
+    fn driver() -> CodeResult<&'static mooncake_device::cuda::Cuda> {
+        mooncake_device::cuda::driver().map_err(|e| device_failed(&e))
+    }
+
+    /// Copies the first `dest.len` bytes of this range (at most its length) to `dest`.
+    fn copy_into(&self, dest: &MemSlice) -> CodeResult<()> {
+        let dest = shorter(dest, self.len)?;
+        let driver = Self::driver()?;
+        dest.fill_with(|bytes| {
+            // SAFETY: `bytes` is a bounds-checked mapping kept alive by `dest`; the
+            // device range lies in an allocation `target` keeps open.
+            unsafe {
+                driver.copy_to_host(
+                    self.target.device,
+                    self.ptr,
+                    bytes.as_mut_ptr(),
+                    bytes.len() as u64,
+                )
+            }
+        })
+        .map_err(|e| device_failed(&e))
+    }
+
+    /// Copies `bytes` (at most this range's length) to the start of this range.
+    fn write(&self, bytes: &[u8]) -> CodeResult<()> {
+        let len = usize::try_from(self.len)
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        let driver = Self::driver()?;
+        // SAFETY: `bytes` is readable; the device range lies in an allocation `target`
+        // keeps open.
+        unsafe { driver.copy_from_host(self.target.device, bytes.as_ptr(), self.ptr, len as u64) }
+            .map_err(|e| device_failed(&e))
+    }
+}
+
 impl Region {
     /// Length in bytes.
     pub fn len(&self) -> u64 {
         match self {
             Region::Mapped(slice) => slice.len() as u64,
             Region::Process(range) => range.len,
+            Region::Device(range) => range.len,
         }
     }
 
@@ -64,7 +125,7 @@ impl Region {
     pub fn mapped(&self) -> Option<&MemSlice> {
         match self {
             Region::Mapped(slice) => Some(slice),
-            Region::Process(_) => None,
+            Region::Process(_) | Region::Device(_) => None,
         }
     }
 
@@ -79,6 +140,16 @@ impl Region {
                     Region::Process(ProcessRange {
                         process: Arc::clone(&range.process),
                         addr: range.addr + offset,
+                        len,
+                    })
+                })
+            }
+            Region::Device(range) => {
+                let end = offset.checked_add(len)?;
+                (len > 0 && end <= range.len).then(|| {
+                    Region::Device(DeviceRange {
+                        target: Arc::clone(&range.target),
+                        ptr: range.ptr + offset,
                         len,
                     })
                 })
@@ -100,6 +171,7 @@ impl Region {
                     .read_into(range.addr, &dest)
                     .map_err(|e| failed(&e))
             }
+            Region::Device(range) => range.copy_into(dest),
         }
     }
 
@@ -116,6 +188,12 @@ impl Region {
                     .process
                     .write_from(&source, range.addr)
                     .map_err(|e| failed(&e))
+            }
+            Region::Device(range) => {
+                let source = shorter(source, range.len)?;
+                // SAFETY: the segment range being read is the object's, which no one
+                // writes while it is read (as for a memcpy).
+                range.write(unsafe { source.as_bytes() })
             }
         }
     }
@@ -134,6 +212,7 @@ impl Region {
                 .process
                 .write_bytes(&bytes[..len], range.addr)
                 .map_err(|e| failed(&e)),
+            Region::Device(range) => range.write(&bytes[..len]),
         }
     }
 }

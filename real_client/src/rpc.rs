@@ -9,8 +9,8 @@ use tarpc::context::Context;
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master::TaskInfo;
 use mooncake_core::protocol::rpc::{
-    Declaration, GetItem, MemRange, PingReply, PutItem, PutSource, RangeRead, RealClientRpc,
-    StatusReport, WriteMode,
+    Declaration, DeviceBufferDecl, GetItem, MemRange, PingReply, PutItem, PutSource, RangeRead,
+    RealClientRpc, StatusReport, WriteMode,
 };
 use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig};
 
@@ -319,6 +319,18 @@ impl RealClientRpc for DummyHandler {
     }
 
     async fn forget_memory(self, _: Context, addr: u64) -> CodeResult<()> {
+        if self.session.devices().forget(addr) {
+            return Ok(());
+        }
         self.session.declared().forget(addr)
+    }
+
+    async fn declare_device(self, _: Context, buffer: DeviceBufferDecl) -> Result<(), String> {
+        let segment = &self.state.store.segment().memory;
+        let declared = self.session.devices().declare(&buffer, segment);
+        if let Err(reason) = &declared {
+            tracing::warn!(pid = self.session.pid, %reason, "a dummy's GPU buffer cannot be reached");
+        }
+        declared
     }
 }

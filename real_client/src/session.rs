@@ -15,6 +15,7 @@ use mooncake_core::protocol::rpc::DummyInfo;
 use mooncake_shm::{MemSlice, Registry, TranslateError};
 
 use crate::declared::DeclaredMemory;
+use crate::device_buffers::DeviceBuffers;
 use crate::region::Region;
 
 /// One attached dummy.
@@ -32,6 +33,8 @@ pub struct Session {
     registry: RwLock<Registry>,
     /// Its declared ordinary memory.
     declared: DeclaredMemory,
+    /// Its registered GPU buffers.
+    devices: DeviceBuffers,
     /// `(base, len)` of each registered segment that is a staging buffer.
     staging: RwLock<Vec<(u64, u64)>>,
 }
@@ -47,6 +50,7 @@ impl Session {
             name,
             registry: RwLock::new(Registry::default()),
             declared: DeclaredMemory::new(pid, uid),
+            devices: DeviceBuffers::default(),
             staging: RwLock::new(Vec::new()),
         }
     }
@@ -57,12 +61,22 @@ impl Session {
     }
 
     /// The dummy's `addr..addr+len`: inside its shared memory, or else wholly inside
-    /// one range of ordinary memory it declared (when that can be reached).
+    /// one range of ordinary memory it declared (when that can be reached), or one GPU
+    /// buffer it registered.
     pub fn region(&self, addr: u64, len: u64) -> Result<Region, TranslateError> {
         match self.translate(addr, len) {
             Ok(slice) => Ok(Region::Mapped(slice)),
-            Err(error) => self.declared.region(addr, len).ok_or(error),
+            Err(error) => self
+                .declared
+                .region(addr, len)
+                .or_else(|| self.devices.region(addr, len))
+                .ok_or(error),
         }
+    }
+
+    /// The GPU buffers the dummy registered.
+    pub fn devices(&self) -> &DeviceBuffers {
+        &self.devices
     }
 
     /// Notes that the registered segment at `base..base+len` is the dummy's staging
@@ -101,6 +115,7 @@ impl Session {
             mapped_bytes: registry.mapped_bytes(),
             declared_ranges: u32::try_from(self.declared.count()).unwrap_or(u32::MAX),
             cross_memory: self.declared.reachable(),
+            device_buffers: u32::try_from(self.devices.count()).unwrap_or(u32::MAX),
         }
     }
 }

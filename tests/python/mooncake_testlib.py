@@ -115,10 +115,11 @@ def _candidate_port(attempt):
     return 20000 + (base + 7919 * attempt) % 20000
 
 
-def start_real_client(log_dir, *flags, segment="512MB", port=None, timeout=15.0, uid=None):
+def start_real_client(log_dir, *flags, segment="512MB", port=None, timeout=15.0, uid=None, env=None):
     """Starts ``mooncake_client`` on a port unique to this test session (retrying another
     port when the socket is already in use) and waits until a dummy can attach. With
-    ``uid``, it runs as that user (through setpriv, which must exist)."""
+    ``uid``, it runs as that user (through setpriv, which must exist); ``env`` adds
+    environment variables."""
     prefix = die_with_parent_prefix() if uid is None else as_user_prefix(uid)
     binary = client_binary()
     if not binary.exists():
@@ -142,7 +143,13 @@ def start_real_client(log_dir, *flags, segment="512MB", port=None, timeout=15.0,
             *flags,
         ]
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **env} if env else None,
+            )
         client = RealClient(proc, candidate, log_path, list(flags))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:

@@ -109,6 +109,23 @@ pub struct Declaration {
     pub cross_memory: CrossMemory,
 }
 
+/// A GPU buffer a dummy registered, for [`RealClientRpc::declare_device`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceBufferDecl {
+    /// Start of the buffer in the dummy.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// CUDA device ordinal.
+    pub device: i32,
+    /// Start of the device allocation holding the buffer, in the dummy.
+    pub alloc_base: u64,
+    /// Length of that allocation.
+    pub alloc_len: u64,
+    /// The allocation's CUDA IPC handle (64 bytes).
+    pub handle: ByteBuf,
+}
+
 /// Answer to [`RealClientRpc::ping`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PingReply {
@@ -140,6 +157,8 @@ pub struct DummyInfo {
     /// Whether its declared memory is reached directly (false: not probed yet, or
     /// not permitted: the dummy copies through its staging buffer).
     pub cross_memory: bool,
+    /// GPU buffers it registered.
+    pub device_buffers: u32,
 }
 
 /// Answer to [`RealClientRpc::status`].
@@ -171,6 +190,8 @@ pub struct StatusReport {
     /// start (`mooncake_client_staged_bytes_total`): zero while every transfer is
     /// zero-copy.
     pub staged_bytes: u64,
+    /// GPU allocations of dummies this process holds open (CUDA IPC handles).
+    pub device_handles: u64,
 }
 
 /// Calls a dummy makes to its real client.
@@ -221,4 +242,9 @@ pub trait RealClientRpc {
     /// Forgets the declared range starting at `addr` (its buffer was unregistered);
     /// `INVALID_PARAMS` when none starts there.
     async fn forget_memory(addr: u64) -> CodeResult<()>;
+    /// Registers a GPU buffer of the dummy: the real client opens its allocation from
+    /// the IPC handle (once per allocation and session) and copies requests' ranges
+    /// inside it straight between the device and its segment. The error says why the
+    /// buffer cannot be reached (no driver here, a refused handle, too many buffers).
+    async fn declare_device(buffer: DeviceBufferDecl) -> Result<(), String>;
 }

@@ -874,6 +874,7 @@ fn status_json(report: &mooncake_core::protocol::rpc::StatusReport) -> String {
                 "pid": d.pid, "uid": d.uid, "name": d.name,
                 "segments": d.segments, "mapped_bytes": d.mapped_bytes,
                 "declared_ranges": d.declared_ranges, "cross_memory": d.cross_memory,
+                "device_buffers": d.device_buffers,
             })
         })
         .collect();
@@ -897,6 +898,7 @@ fn status_json(report: &mooncake_core::protocol::rpc::StatusReport) -> String {
         "segment_bytes": report.segment_bytes,
         "segment_resident_bytes": report.segment_resident_bytes,
         "staged_bytes": report.staged_bytes,
+        "device_handles": report.device_handles,
         "copied_through_staging_bytes": mooncake_dummy_client::copied_through_staging_bytes(),
     })
     .to_string()

@@ -196,11 +196,21 @@ fn status(client: &DummyClient) -> Result<(), Failure> {
         format_size(report.mapped_bytes),
         format_size(report.staged_bytes)
     );
+    if report.device_handles > 0 {
+        println!(
+            "gpu          {} dummy allocations open (CUDA IPC)",
+            report.device_handles
+        );
+    }
     for dummy in &report.dummies {
         let declared = match (dummy.declared_ranges, dummy.cross_memory) {
             (0, _) => String::new(),
             (n, true) => format!(", {n} declared buffers (copied once, cross-memory)"),
             (n, false) => format!(", {n} declared buffers (through its staging buffer)"),
+        };
+        let declared = match dummy.device_buffers {
+            0 => declared,
+            n => format!("{declared}, {n} GPU buffers"),
         };
         println!(
             "  pid {} uid {} {}: {} segments, {} mapped{declared}",

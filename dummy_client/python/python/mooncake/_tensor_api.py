@@ -44,7 +44,6 @@ log = logging.getLogger("mooncake")
 
 INVALID_PARAMS = ERROR_CODES["INVALID_PARAMS"]
 NO_AVAILABLE_HANDLE = ERROR_CODES["NO_AVAILABLE_HANDLE"]
-NOT_SUPPORTED = ERROR_CODES.get("NOT_SUPPORTED", -1012)
 FILE_NOT_FOUND = ERROR_CODES.get("FILE_NOT_FOUND", -1100)
 FILE_WRITE_FAIL = ERROR_CODES.get("FILE_WRITE_FAIL", -1103)
 
@@ -921,26 +920,60 @@ class TensorMixin:
 
     # ----- CUDA -----
 
-    def _cuda_code(self, tensor):
-        torch = _torch()
-        if torch is None or not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
-            log.error("get_tensor_into_cuda: the destination must be a CUDA tensor")
+    def _tensor_header(self, key):
+        """(Metadata, object size) of the tensor object at ``key``, read without its
+        payload, or an error code."""
+        total = self.get_size(key)
+        if total < 0:
+            return total
+        if total < T.METADATA_SIZE:
             return INVALID_PARAMS
-        _log_once("cuda", "get_tensor_into_cuda: reads into CUDA memory are not supported by this implementation yet (NOT_SUPPORTED)")
-        return NOT_SUPPORTED
+        block = self.alloc_from_mem_pool(T.METADATA_SIZE)
+        if not block:
+            return NO_AVAILABLE_HANDLE
+        try:
+            got = self.get_into_ranges([block], [[key]], [[[0]]], [[[0]]], [[[T.METADATA_SIZE]]])[0][0][0]
+            if got < 0:
+                return got
+            header = bytes((ctypes.c_ubyte * T.METADATA_SIZE).from_address(block))
+        finally:
+            self.free_to_mem_pool(block)
+        meta = T.parse_metadata(header, total)
+        return (meta, total) if meta is not None else INVALID_PARAMS
 
     def get_tensor_into_cuda(self, key, tensor):
-        """Upstream reads a tensor's payload into a CUDA tensor over CUDA IPC; there is no
-        CUDA path here yet: ``NOT_SUPPORTED`` for a CUDA tensor, ``INVALID_PARAMS`` for
-        anything else (as upstream)."""
-        return self._cuda_code(tensor)
+        """Reads the payload of the tensor object at ``key`` into ``tensor`` (a contiguous
+        CUDA or CPU tensor whose memory is registered with ``register_buffer``); returns
+        the bytes read, or an error code (``INVALID_PARAMS`` for a destination that is not
+        a contiguous tensor or is smaller than the payload, ``OBJECT_NOT_FOUND`` for a
+        missing key). GPU memory is written by the real client's CUDA driver."""
+        try:
+            if not tensor.is_contiguous():
+                log.error("get_tensor_into_cuda: the destination must be contiguous")
+                return INVALID_PARAMS
+            ptr = tensor.data_ptr()
+            capacity = tensor.numel() * tensor.element_size()
+        except AttributeError:
+            log.error("get_tensor_into_cuda: the destination must be a tensor")
+            return INVALID_PARAMS
+        header = self._tensor_header(key)
+        if isinstance(header, int):
+            return header
+        meta, _ = header
+        if meta.data_bytes > capacity:
+            log.error("get_tensor_into_cuda: %d payload bytes do not fit the %d-byte destination", meta.data_bytes, capacity)
+            return INVALID_PARAMS
+        if meta.data_bytes == 0:
+            return 0
+        got = self.get_into_ranges([ptr], [[key]], [[[0]]], [[[meta.data_offset]]], [[[meta.data_bytes]]])[0][0][0]
+        return got if got < 0 else meta.data_bytes
 
     def batch_get_tensor_into_cuda(self, keys, tensors_list):
         """``get_tensor_into_cuda`` for each key."""
         keys, tensors_list = list(keys), list(tensors_list)
         if len(keys) != len(tensors_list):
             return [INVALID_PARAMS] * len(keys)
-        return [self._cuda_code(t) for t in tensors_list]
+        return [self.get_tensor_into_cuda(k, t) for k, t in zip(keys, tensors_list)]
 
     # ----- safetensors -----
 
