@@ -73,12 +73,6 @@ fn refuse(stream: &UnixStream, reason: String) -> HandshakeError {
     HandshakeError::Refused(reason)
 }
 
-/// Reads the dummy's hello and answers with a refusal (used for disallowed peers).
-pub fn read_hello_and_refuse(stream: &UnixStream, reason: String) -> Result<(), HandshakeError> {
-    receive(stream)?;
-    Err(refuse(stream, reason))
-}
-
 /// Runs the handshake of one accepted connection.
 pub fn serve(
     stream: &UnixStream,

@@ -265,6 +265,7 @@ impl RealClient {
             allowed_uids: config.allowed_uids.clone(),
             started,
             metrics: Default::default(),
+            admission: Default::default(),
         });
         let (shutdown, _) = watch::channel(false);
         Ok(RealClient {

@@ -3,14 +3,17 @@
 
 use std::os::unix::net::{UnixListener as StdListener, UnixStream as StdStream};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tarpc::server::BaseChannel;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
 use mooncake_core::protocol::address::SocketAddress;
 use mooncake_core::protocol::codec;
+use mooncake_core::protocol::handshake::{RealFrame, encode_frame};
 use mooncake_core::protocol::rpc::{
     PutSource, RealClientRpc, RealClientRpcRequest, RealClientRpcResponse, StatusReport,
 };
@@ -23,8 +26,56 @@ use crate::rpc::DummyHandler;
 use crate::session::{Session, Sessions};
 use crate::store::Store;
 
-/// How long a dummy may take to finish its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a dummy may take for its whole handshake (every frame together); then the
+/// connection is closed.
+pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How long a refused peer may take to send its hello before it gets its refusal.
+const REFUSAL_WAIT: Duration = Duration::from_secs(1);
+
+/// Handshakes in progress at once, each on a blocking thread; more connections are
+/// refused ("busy") until one finishes.
+pub const MAX_HANDSHAKES: usize = 64;
+
+/// Refusals in progress at once; past it, a refused connection is closed without an
+/// answer.
+pub const MAX_REFUSALS: usize = 256;
+
+/// Bounds on what connecting peers may spend before they are dummies: checked with the
+/// peer's credentials, before any thread or buffer is given to it.
+#[derive(Debug)]
+pub struct Admission {
+    handshakes: Arc<Semaphore>,
+    refusals: AtomicUsize,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Admission {
+            handshakes: Arc::new(Semaphore::new(MAX_HANDSHAKES)),
+            refusals: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// Counts one refusal in progress until dropped.
+struct Refusing<'a>(&'a AtomicUsize);
+
+impl<'a> Refusing<'a> {
+    fn enter(count: &'a AtomicUsize) -> Option<Self> {
+        if count.fetch_add(1, Ordering::Relaxed) >= MAX_REFUSALS {
+            count.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Refusing(count))
+    }
+}
+
+impl Drop for Refusing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// State shared by every connection of one real client.
 #[derive(Debug)]
@@ -41,6 +92,8 @@ pub struct ServerState {
     pub started: Instant,
     /// Operation counters.
     pub metrics: crate::metrics::Metrics,
+    /// Bounds on connecting peers.
+    pub admission: Admission,
 }
 
 impl ServerState {
@@ -150,17 +203,70 @@ pub async fn serve(
     }
 }
 
-/// Serves one accepted connection from handshake to close.
+/// Serves one accepted connection from handshake to close. The peer's credentials are
+/// checked first: a disallowed uid gets its refusal from this task (no thread, one small
+/// read bounded by [`REFUSAL_WAIT`]); an allowed one gets a blocking thread for its
+/// handshake (at most [`MAX_HANDSHAKES`] at once) for at most [`HANDSHAKE_DEADLINE`].
 async fn connection(stream: UnixStream, state: Arc<ServerState>) {
+    let peer = match stream.peer_cred() {
+        Ok(peer) => peer,
+        Err(error) => {
+            tracing::debug!(%error, "no credentials for an accepted connection");
+            return;
+        }
+    };
+    let uid = peer.uid();
+    if !state.is_allowed(uid) {
+        tracing::warn!(
+            pid = peer.pid(),
+            uid,
+            "refused a dummy with a disallowed uid"
+        );
+        let reason = format!(
+            "uid {uid} is not allowed to use this mooncake_client (it runs as uid {}); start it with --allowed_uids={uid} or run the dummy as the same user",
+            nix::unistd::geteuid().as_raw(),
+        );
+        refuse(stream, &state.admission, reason).await;
+        return;
+    }
+    let Ok(permit) = Arc::clone(&state.admission.handshakes).try_acquire_owned() else {
+        tracing::warn!(
+            pid = peer.pid(),
+            uid,
+            "refused a connection: {MAX_HANDSHAKES} handshakes are in progress"
+        );
+        let reason = format!(
+            "mooncake_client is busy: {MAX_HANDSHAKES} handshakes are in progress; try again"
+        );
+        refuse(stream, &state.admission, reason).await;
+        return;
+    };
     let Ok(std_stream) = stream.into_std() else {
         return;
     };
+    let Ok(watchdog) = std_stream.try_clone() else {
+        return;
+    };
     let handshake_state = Arc::clone(&state);
-    let result = tokio::task::spawn_blocking(move || {
+    let handshake = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
         let outcome = handshake_blocking(&std_stream, &handshake_state);
         (std_stream, outcome)
-    })
-    .await;
+    });
+    let result = match tokio::time::timeout(HANDSHAKE_DEADLINE, handshake).await {
+        Ok(joined) => joined,
+        Err(_) => {
+            // Unblocks the handshake thread's read: it returns and frees its slot.
+            let _ = watchdog.shutdown(std::net::Shutdown::Both);
+            tracing::warn!(
+                pid = peer.pid(),
+                uid,
+                "a peer did not finish its handshake within {HANDSHAKE_DEADLINE:?}; closed"
+            );
+            return;
+        }
+    };
+    drop(watchdog);
     let Ok((std_stream, outcome)) = result else {
         return;
     };
@@ -180,10 +286,7 @@ async fn connection(stream: UnixStream, state: Arc<ServerState>) {
     };
     // Listed in status before the dummy's setup returns.
     let _listed = Listed::new(&state, &session);
-    if let Err(error) = handshake::send(
-        &std_stream,
-        &mooncake_core::protocol::handshake::RealFrame::Attached,
-    ) {
+    if let Err(error) = handshake::send(&std_stream, &RealFrame::Attached) {
         tracing::warn!(%error, "dummy left during the handshake");
         return;
     }
@@ -301,29 +404,32 @@ fn moves_little(lengths: impl Iterator<Item = u64>) -> bool {
     true
 }
 
+/// Answers a peer that may not attach: waits at most [`REFUSAL_WAIT`] for its hello (so
+/// the refusal is its first answer), sends the reason and closes. Past
+/// [`MAX_REFUSALS`] refusals in progress, closes at once.
+async fn refuse(mut stream: UnixStream, admission: &Admission, reason: String) {
+    let Some(_refusing) = Refusing::enter(&admission.refusals) else {
+        return;
+    };
+    let Ok(frame) = encode_frame(&RealFrame::Refused(reason)) else {
+        return;
+    };
+    let answer = async {
+        let mut hello = [0u8; 1024];
+        let _ = stream.read(&mut hello).await;
+        let _ = stream.write_all(&frame).await;
+    };
+    let _ = tokio::time::timeout(REFUSAL_WAIT, answer).await;
+}
+
 fn handshake_blocking(
     stream: &StdStream,
     state: &ServerState,
 ) -> Result<Outcome, handshake::HandshakeError> {
     stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    // Each read is bounded too; the whole handshake by `HANDSHAKE_DEADLINE`.
+    stream.set_read_timeout(Some(HANDSHAKE_DEADLINE))?;
     let peer: PeerCredentials = peer_credentials(stream)?;
-    if !state.is_allowed(peer.uid) {
-        let reason = format!(
-            "uid {} is not allowed to use this mooncake_client (it runs as uid {}); start it with --allowed_uids={} or run the dummy as the same user",
-            peer.uid,
-            nix::unistd::geteuid().as_raw(),
-            peer.uid
-        );
-        tracing::warn!(
-            pid = peer.pid,
-            uid = peer.uid,
-            "refused a dummy with a disallowed uid"
-        );
-        // Read the hello first so the refusal is the peer's first answer.
-        let _ = handshake::read_hello_and_refuse(stream, reason.clone());
-        return Err(handshake::HandshakeError::Refused(reason));
-    }
     handshake::serve(stream, peer, &state.identity, &state.sessions)
 }
 

@@ -100,3 +100,122 @@ fn a_request_with_a_huge_deadline_neither_kills_the_session_task_nor_leaks_its_m
         .put_from("after_hostile", block, 4096, &ReplicateConfig::default())
         .expect("the real client keeps serving");
 }
+
+/// Environment of [`helper_holds_connections`]: `ADDRESS,COUNT`.
+const HOLD_ENV: &str = "MOONCAKE_TEST_HOLD";
+
+/// Not a test on its own: run by [`connections_of_another_uid_take_no_thread_and_do_not_delay_dummies`]
+/// as another user, it opens connections to the real client and holds them silently.
+#[test]
+fn helper_holds_connections() {
+    let Ok(spec) = std::env::var(HOLD_ENV) else {
+        return;
+    };
+    let (address, count) = spec.rsplit_once(',').expect("ADDRESS,COUNT");
+    let socket = SocketAddress::parse(address).expect("address");
+    let target = socket.to_std().expect("socket");
+    let held: Vec<UnixStream> = (0..count.parse::<usize>().expect("count"))
+        .filter_map(|_| UnixStream::connect_addr(&target).ok())
+        .collect();
+    // The test harness prints its own words on the same line first.
+    println!("held {}", held.len());
+    std::io::stdout().flush().expect("flush");
+    std::thread::sleep(Duration::from_secs(30));
+}
+
+fn can_run_as_another_user() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    let setpriv = std::path::Path::new("/usr/bin/setpriv").exists();
+    if !(root && setpriv) {
+        eprintln!("skipping: running a peer as another user needs root and setpriv");
+    }
+    root && setpriv
+}
+
+#[test]
+fn connections_of_another_uid_take_no_thread_and_do_not_delay_dummies() {
+    use std::io::BufRead;
+    if !can_run_as_another_user() {
+        return;
+    }
+    let real = RealClientProcess::start("64MB", &[]);
+    let me = std::env::current_exe().expect("test binary");
+    let mut holder = std::process::Command::new("/usr/bin/setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--pdeathsig",
+            "KILL",
+        ])
+        .arg(&me)
+        .args([
+            "--exact",
+            "helper_holds_connections",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(HOLD_ENV, format!("{},700", real.address()))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the holder");
+    let stdout = holder.stdout.take().expect("stdout");
+    let held = std::io::BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|line| line.split_once("held ").map(|(_, n)| n.trim().to_string()))
+        .expect("the holder reports");
+    assert_eq!(held, "700", "connections held");
+
+    // 700 silent connections of a disallowed uid are each refused within about a
+    // second, on no thread of their own: a dummy attaching now is not kept waiting
+    // (before, each held a blocking thread for 10 s, and 512 of them starved the rest).
+    let started = std::time::Instant::now();
+    let client = DummyClient::setup_dummy(4 << 20, 1 << 20, Some(&real.address())).expect("attach");
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(3), "attaching took {waited:?}");
+    assert_eq!(
+        client.put("after-the-flood", b"value", &ReplicateConfig::default()),
+        Ok(())
+    );
+    let _ = holder.kill();
+    let _ = holder.wait();
+}
+
+#[test]
+fn a_handshake_that_trickles_is_closed_at_its_deadline() {
+    let real = RealClientProcess::start("64MB", &[]);
+    let socket = SocketAddress::parse(&real.address()).expect("address");
+    let mut stream = UnixStream::connect_addr(&socket.to_std().expect("socket")).expect("connect");
+    let hello = encode_frame(&DummyFrame::Hello {
+        version: PROTOCOL_VERSION,
+        client_id: 0x7e1e,
+        pid: std::process::id(),
+        name: "slow".into(),
+        purpose: Purpose::Session,
+    })
+    .expect("encode");
+    // One byte of the hello every 800 ms: each read finishes well within its own
+    // timeout, so only a deadline on the whole handshake ends it.
+    let started = std::time::Instant::now();
+    let mut closed_after = None;
+    for byte in hello.iter().cycle().take(25) {
+        if stream.write_all(&[*byte]).is_err() {
+            closed_after = Some(started.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(800));
+    }
+    let closed_after =
+        closed_after.expect("the real client must close a handshake that never ends");
+    assert!(
+        closed_after < Duration::from_secs(13),
+        "closed after {closed_after:?}"
+    );
+    // Others are not affected.
+    let client = DummyClient::setup_dummy(4 << 20, 1 << 20, Some(&real.address())).expect("attach");
+    assert_eq!(
+        client.put("after-the-trickle", b"value", &ReplicateConfig::default()),
+        Ok(())
+    );
+}
