@@ -57,6 +57,26 @@ pub enum ConnectError {
         /// Its explanation.
         reason: String,
     },
+    /// The process serving the socket is not one this dummy trusts with its memory.
+    #[error(
+        "the process serving {address} (pid {pid}) runs as uid {uid}, neither this process's uid {own} nor root: nothing was sent to it. If it is your mooncake_client, list its uid in {CLIENT_UIDS_ENV} (e.g. {CLIENT_UIDS_ENV}={uid}); otherwise another process holds the socket name"
+    )]
+    Untrusted {
+        /// The address.
+        address: SocketAddress,
+        /// The serving process.
+        pid: i32,
+        /// Its uid.
+        uid: u32,
+        /// This process's effective uid.
+        own: u32,
+    },
+    /// `MOONCAKE_CLIENT_UIDS` is not a list of uids.
+    #[error("{CLIENT_UIDS_ENV}={value:?} is not a comma-separated list of numeric uids")]
+    BadTrustedUids {
+        /// The variable's value.
+        value: String,
+    },
     /// The handshake broke down.
     #[error("handshake with mooncake_client at {address} failed: {reason}")]
     Protocol {
@@ -65,6 +85,52 @@ pub enum ConnectError {
         /// What went wrong.
         reason: String,
     },
+}
+
+/// Environment variable: uids a dummy accepts as its real client besides its own
+/// effective uid and root (comma-separated).
+pub const CLIENT_UIDS_ENV: &str = "MOONCAKE_CLIENT_UIDS";
+
+/// The uids listed in [`CLIENT_UIDS_ENV`] (none when unset or blank).
+fn trusted_uids() -> Result<Vec<u32>, ConnectError> {
+    let Ok(value) = std::env::var(CLIENT_UIDS_ENV) else {
+        return Ok(Vec::new());
+    };
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .map(|part| part.parse::<u32>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| ConnectError::BadTrustedUids {
+            value: value.clone(),
+        })
+}
+
+/// Checks that the process behind `stream` is one this dummy may share memory with:
+/// its own effective uid, root, or a uid of [`CLIENT_UIDS_ENV`]. Runs before anything
+/// is sent: while `mooncake_client` is down, any process can bind its socket name.
+fn check_server(stream: &UnixStream, address: &SocketAddress) -> Result<(), ConnectError> {
+    let peer = peer_credentials(stream).map_err(|source| ConnectError::Unreachable {
+        address: address.clone(),
+        source,
+    })?;
+    let own = nix::unistd::geteuid().as_raw();
+    if peer.uid == own || peer.uid == 0 || trusted_uids()?.contains(&peer.uid) {
+        return Ok(());
+    }
+    tracing::error!(
+        pid = peer.pid,
+        uid = peer.uid,
+        %address,
+        "refusing to share memory with a real client of another user"
+    );
+    Err(ConnectError::Untrusted {
+        address: address.clone(),
+        pid: peer.pid,
+        uid: peer.uid,
+        own,
+    })
 }
 
 /// Who this dummy is, as told to the real client.
@@ -237,6 +303,7 @@ impl<'a> Handshake<'a> {
         };
         let addr = address.to_std().map_err(unreachable)?;
         let stream = UnixStream::connect_addr(&addr).map_err(unreachable)?;
+        check_server(&stream, address)?;
         stream
             .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
             .map_err(unreachable)?;

@@ -152,7 +152,8 @@ def test_heap_memory_goes_through_staging_when_the_real_client_may_not_read_it(s
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "RUST_LOG": "warn"},
+        # The dummy trusts a real client of another uid only when told to.
+        env={**os.environ, "RUST_LOG": "warn", "MOONCAKE_CLIENT_UIDS": "65534"},
     )
     assert worker.returncode == 0, worker.stdout + worker.stderr
     report = json.loads(worker.stdout.strip().splitlines()[-1])
