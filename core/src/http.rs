@@ -248,6 +248,21 @@ fn content_length(head: &str) -> Result<usize, Response> {
     Ok(length)
 }
 
+/// `text` as a Prometheus label value: backslash, double quote and line feed escaped
+/// (a segment name comes from a node and must not break or forge lines of the output).
+fn label_value(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Prometheus text for master statistics (`prefix` names the process: `master`, `client`).
 pub fn stats_metrics(prefix: &str, stats: &MasterStats) -> String {
     let mut out = String::new();
@@ -293,7 +308,8 @@ pub fn stats_metrics(prefix: &str, stats: &MasterStats) -> String {
         let _ = writeln!(
             out,
             "mooncake_{prefix}_segment_used_bytes{{segment=\"{}\"}} {}",
-            s.name, s.used
+            label_value(&s.name),
+            s.used
         );
     }
     let _ = writeln!(
@@ -304,8 +320,43 @@ pub fn stats_metrics(prefix: &str, stats: &MasterStats) -> String {
         let _ = writeln!(
             out,
             "mooncake_{prefix}_segment_capacity_bytes{{segment=\"{}\"}} {}",
-            s.name, s.capacity
+            label_value(&s.name),
+            s.capacity
         );
     }
     out
+}
+
+#[cfg(test)]
+mod label_tests {
+    use super::*;
+    use crate::master::SegmentUsage;
+
+    #[test]
+    fn segment_names_cannot_break_or_forge_metric_lines() {
+        let stats = MasterStats {
+            segments: vec![SegmentUsage {
+                id: 1,
+                name: "evil\"} 1\nmooncake_master_capacity_bytes 0\n\\".into(),
+                capacity: 10,
+                used: 5,
+                endpoint: String::new(),
+            }],
+            ..MasterStats::default()
+        };
+        let text = stats_metrics("master", &stats);
+        assert!(
+            text.contains(
+                "mooncake_master_segment_used_bytes{segment=\"evil\\\"} 1\\nmooncake_master_capacity_bytes 0\\n\\\\\"} 5\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("mooncake_master_capacity_bytes "))
+                .count(),
+            1,
+            "no forged line"
+        );
+    }
 }

@@ -676,6 +676,11 @@ pub(crate) fn check_record(
     let mut head = [0u8; HEADER_LEN];
     file.read_exact_at(&mut head, offset).ok()?;
     let header = Header::parse(&head).ok()?;
+    // A corrupt length must not size the buffer: the record has to fit in its file.
+    let available = file.metadata().ok()?.len().checked_sub(offset)?;
+    if header.record_len() > available {
+        return None;
+    }
     if let Some((key, value_len)) = expect
         && (key.len() != header.key_len as usize || value_len != header.value_len)
     {

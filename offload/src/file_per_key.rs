@@ -290,3 +290,56 @@ impl StorageBackend for FilePerKeyStore {
         removed.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory, removed when dropped.
+    struct TempDir(PathBuf);
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn write_file(root: &Path, id: u64, bytes: &[u8]) {
+        let shard = root.join(format!("{:02x}", id % 256));
+        std::fs::create_dir_all(&shard).expect("shard");
+        std::fs::write(shard.join(format!("{id:016x}.rec")), bytes).expect("write");
+    }
+
+    #[test]
+    fn a_corrupt_length_field_is_left_out_at_recovery_without_sizing_a_buffer() {
+        let dir = TempDir(
+            std::env::temp_dir().join(format!("mooncake-fpk-corrupt-{}", std::process::id())),
+        );
+        let _ = std::fs::remove_dir_all(&dir.0);
+        write_file(&dir.0, 1, &encode_record("good", b"intact value"));
+        // Valid magic and key length, and a value length that announces a petabyte
+        // (before: a buffer of that size was allocated, aborting the process) or that
+        // wraps the record length around (before: a panic).
+        for (id, value_len) in [(2u64, 1u64 << 50), (3, u64::MAX - 3)] {
+            let mut record = encode_record("bad", b"short");
+            record[8..16].copy_from_slice(&value_len.to_le_bytes());
+            write_file(&dir.0, id, &record);
+        }
+        let (mut store, report) = FilePerKeyStore::open_in(
+            &dir.0,
+            Limits::bytes(1 << 30),
+            EvictionPolicy::Fifo,
+            Arc::new(IoEngine::Posix),
+        )
+        .expect("the store opens");
+        assert_eq!((report.objects, report.corrupt_records), (1, 2));
+        let mut dest = vec![0u8; 64];
+        let len = store
+            .read_into("good", &mut dest)
+            .expect("the intact object");
+        assert_eq!(
+            &dest[..usize::try_from(len).expect("small")],
+            b"intact value"
+        );
+    }
+}

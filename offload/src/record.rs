@@ -25,6 +25,10 @@ pub const MAGIC: [u8; 4] = *b"MCR1";
 /// Longest key a record holds.
 pub const MAX_KEY_LEN: u32 = 1 << 20;
 
+/// Longest value length a header may announce: with it, a record's length always fits
+/// a `u64` (a corrupt length field can never wrap around).
+pub const MAX_VALUE_LEN: u64 = u64::MAX >> 1;
+
 /// Why bytes are not a valid record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
@@ -40,6 +44,10 @@ pub enum RecordError {
     /// The checksum does not match the contents.
     #[error("record checksum mismatch")]
     Checksum,
+    /// The value length is above [`MAX_VALUE_LEN`], or the record runs past the end of
+    /// its file.
+    #[error("bad record length")]
+    BadLength,
 }
 
 /// The fixed part of a record.
@@ -54,9 +62,12 @@ pub struct Header {
 }
 
 impl Header {
-    /// Total length of the record this header starts.
+    /// Total length of the record this header starts (never wraps: [`Header::parse`]
+    /// bounds both lengths).
     pub fn record_len(&self) -> u64 {
-        HEADER_LEN as u64 + u64::from(self.key_len) + self.value_len
+        (HEADER_LEN as u64)
+            .saturating_add(u64::from(self.key_len))
+            .saturating_add(self.value_len)
     }
 
     /// Parses and sanity-checks the first [`HEADER_LEN`] bytes of a record.
@@ -75,9 +86,13 @@ impl Header {
         if key_len == 0 || key_len > MAX_KEY_LEN {
             return Err(RecordError::BadKey);
         }
+        let value_len = u64::from_le_bytes(value_len);
+        if value_len > MAX_VALUE_LEN {
+            return Err(RecordError::BadLength);
+        }
         Ok(Header {
             key_len,
-            value_len: u64::from_le_bytes(value_len),
+            value_len,
             crc,
         })
     }
@@ -126,6 +141,16 @@ pub fn header(key: &[u8], value: &[u8]) -> [u8; HEADER_LEN] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_length_field_that_would_wrap_is_refused() {
+        let mut head = header(b"key", b"value");
+        head[8..16].copy_from_slice(&(u64::MAX - 3).to_le_bytes());
+        assert_eq!(Header::parse(&head), Err(RecordError::BadLength));
+        head[8..16].copy_from_slice(&MAX_VALUE_LEN.to_le_bytes());
+        let parsed = Header::parse(&head).expect("the largest length parses");
+        assert_eq!(parsed.record_len(), 24 + 3 + MAX_VALUE_LEN);
+    }
 
     #[test]
     fn round_trip_and_every_corruption_is_caught() {

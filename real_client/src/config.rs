@@ -31,6 +31,9 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
     FlagSpec::boolean("enable_http_server", false, "serve /health, /metrics (Prometheus) and /status (JSON) over HTTP")
         .env("MOONCAKE_ENABLE_CLIENT_HTTP_SERVER"),
     FlagSpec::value("http_port", Some("9300"), "port of the HTTP server (--enable_http_server)").env("MOONCAKE_CLIENT_HTTP_PORT"),
+    FlagSpec::value("http_host", Some("127.0.0.1"), "address the HTTP server listens on (0.0.0.0: every interface)")
+        .env("MOONCAKE_CLIENT_HTTP_HOST")
+        .ours(),
     FlagSpec::value("metadata_server", Some("http://127.0.0.1:8080/metadata"), "transfer-engine metadata server")
         .env("MOONCAKE_TE_META_DATA_SERVER")
         .compat(Compat::NoEffect("segment and endpoint metadata travel through the master, as with P2PHANDSHAKE", Accepts::Any)),
@@ -119,6 +122,8 @@ pub struct RealClientConfig {
     pub transfer_congestion: crate::transfer::Congestion,
     /// Port of the HTTP server for /health, /metrics and /status (`None`: off).
     pub http_port: Option<u16>,
+    /// Address the HTTP server listens on (loopback unless widened).
+    pub http_host: std::net::IpAddr,
     /// Settings of the embedded master.
     pub master: MasterConfig,
     /// The SSD tier's settings (`--enable_offload`, then `MOONCAKE_OFFLOAD_*`).
@@ -257,6 +262,15 @@ impl RealClientConfig {
             embedded_master_port: flags.number("embedded_master_port")?.unwrap_or(0),
             transfer_port: flags.number("transfer_port")?.unwrap_or(0),
             transfer_congestion: transfer_congestion(flags)?,
+            http_host: match flags.string("http_host") {
+                Some(host) => host.parse().map_err(|_| {
+                    invalid(
+                        "http_host",
+                        format!("{host:?} is not an IP address (e.g. 127.0.0.1 or 0.0.0.0)"),
+                    )
+                })?,
+                None => std::net::IpAddr::from([127, 0, 0, 1]),
+            },
             http_port: if flags.bool("enable_http_server")? {
                 Some(flags.number("http_port")?.unwrap_or(9300))
             } else {
@@ -437,6 +451,11 @@ mod tests {
         assert_eq!(config.master.default_kv_lease_ttl, Duration::from_secs(10));
         assert_eq!(config.host, "0.0.0.0");
         assert!(config.allowed_uids.is_empty());
+        assert_eq!(
+            config.http_host,
+            std::net::IpAddr::from([127, 0, 0, 1]),
+            "the HTTP server listens on loopback unless widened"
+        );
     }
 
     #[test]
@@ -450,6 +469,7 @@ mod tests {
             &["--master_server_address=10.0.0.1"],
             &["--master_server_address=etcd://a:2379"],
             &["--log_level=infoo"],
+            &["--http_host=everywhere"],
         ] {
             assert!(config(args).is_err(), "{args:?}");
         }

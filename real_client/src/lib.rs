@@ -334,7 +334,7 @@ impl RealClient {
             self.shutdown.subscribe(),
         ));
         let http = config.http_port.map(|port| {
-            let address = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+            let address = std::net::SocketAddr::new(config.http_host, port);
             tokio::spawn(status_http::serve(address, Arc::clone(&self.state)))
         });
         let mut shutdown = self.shutdown.subscribe();

@@ -115,6 +115,39 @@ impl DummyHandler {
         results
     }
 
+    /// Writes a batch of a dummy's `put` from start to end, and records its metrics.
+    async fn put_to_end(
+        self,
+        items: Vec<PutItem>,
+        config: ReplicateConfig,
+        mode: WriteMode,
+    ) -> Vec<CodeResult<()>> {
+        let started = Instant::now();
+        // A batch naming a key twice runs in order, as a sequence of calls would.
+        let results = if has_duplicates(items.iter().map(|i| i.key.as_str())) {
+            let mut results = Vec::with_capacity(items.len());
+            for item in &items {
+                results.extend(
+                    self.put_batch(std::slice::from_ref(item), &config, mode)
+                        .await,
+                );
+            }
+            results
+        } else {
+            self.put_batch(&items, &config, mode).await
+        };
+        let each = started.elapsed() / u32::try_from(items.len().max(1)).unwrap_or(u32::MAX);
+        for (item, result) in items.iter().zip(&results) {
+            let bytes = match &item.source {
+                PutSource::Inline(b) => b.len() as u64,
+                PutSource::Shared(ranges) => ranges.iter().map(|r| r.len).sum(),
+            };
+            let moved = if result.is_ok() { bytes } else { 0 };
+            self.state.metrics.record(Op::Put, each, moved, result);
+        }
+        results
+    }
+
     /// Reads a batch: one master round trip for all its lookups.
     async fn get_batch(&self, items: &[GetItem]) -> Vec<CodeResult<u64>> {
         let mut results: Vec<CodeResult<u64>> = vec![Ok(0); items.len()];
@@ -202,30 +235,18 @@ impl RealClientRpc for DummyHandler {
         config: ReplicateConfig,
         mode: WriteMode,
     ) -> Vec<CodeResult<()>> {
-        let started = Instant::now();
-        // A batch naming a key twice runs in order, as a sequence of calls would.
-        let results = if has_duplicates(items.iter().map(|i| i.key.as_str())) {
-            let mut results = Vec::with_capacity(items.len());
-            for item in &items {
-                results.extend(
-                    self.put_batch(std::slice::from_ref(item), &config, mode)
-                        .await,
-                );
-            }
-            results
-        } else {
-            self.put_batch(&items, &config, mode).await
-        };
-        let each = started.elapsed() / u32::try_from(items.len().max(1)).unwrap_or(u32::MAX);
-        for (item, result) in items.iter().zip(&results) {
-            let bytes = match &item.source {
-                PutSource::Inline(b) => b.len() as u64,
-                PutSource::Shared(ranges) => ranges.iter().map(|r| r.len).sum(),
-            };
-            let moved = if result.is_ok() { bytes } else { 0 };
-            self.state.metrics.record(Op::Put, each, moved, result);
+        // A put to a remote master spans round trips: it runs to its end (put_end or
+        // revoke) in a task of its own, so a request cancelled by its deadline or a closed
+        // connection leaves no write holding segment space until the master's release
+        // timeout. Not for a dummy in this process: its borrowed memory may be reused
+        // as soon as its call returns.
+        if self.state.store.master().is_remote() && !self.session.is_in_process() {
+            let count = items.len();
+            return tokio::spawn(self.put_to_end(items, config, mode))
+                .await
+                .unwrap_or_else(|_| vec![Err(ErrorCode::INTERNAL_ERROR); count]);
         }
-        results
+        self.put_to_end(items, config, mode).await
     }
 
     async fn get(self, _: Context, items: Vec<GetItem>) -> Vec<CodeResult<u64>> {

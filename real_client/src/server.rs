@@ -132,6 +132,14 @@ pub enum BindError {
         /// The socket.
         socket: SocketAddress,
     },
+    /// Something that is not a socket exists at the path (it is left alone).
+    #[error(
+        "{socket} exists and is not a socket: mooncake_client replaces only a stale socket file; choose another --socket_path or remove the file yourself"
+    )]
+    NotASocket {
+        /// The socket.
+        socket: SocketAddress,
+    },
     /// Any other failure.
     #[error("cannot listen on {socket}: {source}")]
     Other {
@@ -143,15 +151,22 @@ pub enum BindError {
 }
 
 /// Binds the dummy socket. A stale socket file (nobody listening) is replaced; a live
-/// one is `InUse`. Socket files get mode 0600.
+/// one is `InUse`; any other file at the path is left alone (`NotASocket`). Socket
+/// files get mode 0600.
 pub fn bind(socket: &SocketAddress) -> Result<StdListener, BindError> {
     let other = |source| BindError::Other {
         socket: socket.clone(),
         source,
     };
     if let SocketAddress::Path(path) = socket
-        && path.exists()
+        && let Ok(existing) = std::fs::symlink_metadata(path)
     {
+        use std::os::unix::fs::FileTypeExt;
+        if !existing.file_type().is_socket() {
+            return Err(BindError::NotASocket {
+                socket: socket.clone(),
+            });
+        }
         if StdStream::connect(path).is_ok() {
             return Err(BindError::InUse {
                 socket: socket.clone(),
@@ -448,6 +463,22 @@ mod tests {
             })
             .collect();
         RealClientRpcRequest::Get { items }
+    }
+
+    #[test]
+    fn a_socket_path_that_is_not_a_socket_is_left_alone() {
+        let dir = std::env::temp_dir().join(format!("mooncake-bind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("precious.txt");
+        std::fs::write(&file, b"keep me").expect("write");
+        let socket = SocketAddress::Path(file.clone());
+        assert!(matches!(bind(&socket), Err(BindError::NotASocket { .. })));
+        assert_eq!(std::fs::read(&file).expect("still there"), b"keep me");
+        // A stale socket file is replaced.
+        let stale = dir.join("stale.sock");
+        drop(StdListener::bind(&stale).expect("bind"));
+        assert!(bind(&SocketAddress::Path(stale.clone())).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -55,6 +55,11 @@ impl Session {
         }
     }
 
+    /// True for a dummy running in this process (embedded mode).
+    pub fn is_in_process(&self) -> bool {
+        self.pid == std::process::id()
+    }
+
     /// Translates a dummy range into its shared memory.
     pub fn translate(&self, addr: u64, len: u64) -> Result<MemSlice, TranslateError> {
         self.registry.read().translate(addr, len)

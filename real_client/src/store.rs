@@ -13,7 +13,7 @@ use std::time::Instant;
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master::{PutStarted, TaskWork};
 use mooncake_core::protocol::rpc::WriteMode;
-use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicateConfig};
+use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SegmentId};
 use mooncake_shm::MemSlice;
 
 use crate::disk::DiskTier;
@@ -162,13 +162,13 @@ impl Store {
     }
 
     fn place<'a>(&self, replica: &'a ReplicaDescriptor) -> CodeResult<Place<'a>> {
-        let (segment, offset, endpoint) = match &replica.location {
+        let (segment, segment_name, offset, endpoint) = match &replica.location {
             ReplicaLocation::Memory {
                 segment,
+                segment_name,
                 offset,
                 endpoint,
-                ..
-            } => (segment, offset, endpoint),
+            } => (segment, segment_name, offset, endpoint),
             ReplicaLocation::Disk {
                 segment_name,
                 endpoint,
@@ -180,7 +180,11 @@ impl Store {
                 });
             }
         };
-        if *segment == self.segment.id.load(Ordering::Acquire) {
+        let own = (
+            self.segment.id.load(Ordering::Acquire),
+            self.segment_name.as_str(),
+        );
+        if is_own_segment((*segment, segment_name.as_str()), own) {
             return self
                 .segment
                 .memory
@@ -755,4 +759,27 @@ fn stage_zeroed(len: u64) -> CodeResult<MemSlice> {
     Arc::new(memory)
         .slice(0, len)
         .ok_or(ErrorCode::INVALID_PARAMS)
+}
+
+/// True when a replica in segment `replica` (id, name) lives in this node's segment
+/// `own` (id, name). The name must match too: a restarted master hands out ids again,
+/// so until the next heartbeat another node's segment may carry this node's old id.
+fn is_own_segment(replica: (SegmentId, &str), own: (SegmentId, &str)) -> bool {
+    replica.0 == own.0 && replica.1 == own.1
+}
+
+#[cfg(test)]
+mod locality_tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_is_local_only_when_both_id_and_name_are_this_nodes() {
+        let own = (1, "10.0.0.1:50052");
+        assert!(is_own_segment((1, "10.0.0.1:50052"), own));
+        assert!(
+            !is_own_segment((1, "10.0.0.2:50052"), own),
+            "another node's segment under this node's old id (a restarted master)"
+        );
+        assert!(!is_own_segment((2, "10.0.0.1:50052"), own));
+    }
 }

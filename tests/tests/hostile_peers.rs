@@ -219,3 +219,59 @@ fn a_handshake_that_trickles_is_closed_at_its_deadline() {
         Ok(())
     );
 }
+
+#[test]
+fn puts_cancelled_by_their_deadline_leave_no_write_holding_space() {
+    use mooncake_core::protocol::codec;
+    use mooncake_core::protocol::rpc::{
+        MemRange, PutItem, PutSource, RealClientRpcClient, WriteMode,
+    };
+    use mooncake_core::protocol::unix_stream::RpcUnixStream;
+    use mooncake_integration_tests::MasterProcess;
+
+    let master = MasterProcess::start(&[]);
+    let node = RealClientProcess::join(&master, "1GB", &[]);
+    let memory = SharedMemory::create("cancel_pool", 8 << 20, PageSize::Normal).expect("shm");
+    let stream = open_session(&node.address(), &memory);
+    stream.set_read_timeout(None).expect("blocking reads");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let in_progress = runtime.block_on(async move {
+        let transport = codec::transport(RpcUnixStream::new(stream).expect("rpc stream"));
+        let client = RealClientRpcClient::new(tarpc::client::Config::default(), transport).spawn();
+        // 8 MiB puts (run in tasks of their own) with deadlines from 0.2 to 6 ms: many
+        // end while the copy runs, so that the request is cancelled at `put_end`.
+        for i in 0..100u64 {
+            let mut ctx = tarpc::context::current();
+            ctx.deadline = std::time::Instant::now() + Duration::from_micros(200 + (i % 30) * 200);
+            let item = PutItem {
+                key: format!("cancelled-{i}"),
+                source: PutSource::Shared(vec![MemRange {
+                    addr: memory.base(),
+                    len: 8 << 20,
+                }]),
+            };
+            let _ = client
+                .put(ctx, vec![item], ReplicateConfig::default(), WriteMode::Put)
+                .await;
+        }
+        // Every write the master started is ended or revoked within moments, not held
+        // until its release timeout (600 s).
+        let mut in_progress = u64::MAX;
+        for _ in 0..100 {
+            let status = client
+                .status(tarpc::context::current())
+                .await
+                .expect("status");
+            in_progress = status.master.writes_in_progress;
+            if in_progress == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        in_progress
+    });
+    assert_eq!(in_progress, 0, "writes left in progress");
+}
