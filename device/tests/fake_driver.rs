@@ -255,6 +255,33 @@ fn every_call_can_fail(driver: &'static cuda::Cuda, fake: &Fake, ptr: u64) {
         fake.fail(c"");
     }
     assert_eq!(fake.open_handles(), 0, "nothing left open");
+
+    // Closing and unpinning that fail are logged; the guards still drop cleanly.
+    let handle = handle_of(child.id(), memfd.as_raw_fd(), 4096);
+    let opened = driver.open(0, &handle).expect("open");
+    fake.fail(c"cuIpcCloseMemHandle");
+    drop(opened);
+    fake.fail(c"");
+    assert_eq!(cuda::open_handles(), 0, "counted as closed");
+    let mut host = vec![0u8; 64];
+    // SAFETY: `host` outlives the guard.
+    let pinned = unsafe { driver.pin(host.as_mut_ptr(), 64) }.expect("pin");
+    fake.fail(c"cuMemHostUnregister");
+    drop(pinned);
+    fake.fail(c"");
+
+    // The first use of a device retains its context: each step can fail, naming it,
+    // and the next attempt starts again.
+    for name in ["cuDeviceGet", "cuDevicePrimaryCtxRetain"] {
+        let c_name = std::ffi::CString::new(name).expect("name");
+        fake.fail(&c_name);
+        let exported = driver.export(1, ptr);
+        fake.fail(c"");
+        assert!(
+            matches!(&exported, Err(DeviceError::Call { call, .. }) if *call == name),
+            "{name}: {exported:?}"
+        );
+    }
     let _ = child.kill();
     let _ = child.wait();
 }
