@@ -39,7 +39,8 @@ pub(crate) fn staging_notice(why: &str) {
     }
 }
 
-fn deadline() -> tarpc::context::Context {
+/// A context for a control call (declarations), with the control deadline.
+pub(crate) fn deadline() -> tarpc::context::Context {
     let mut ctx = tarpc::context::current();
     ctx.deadline = Instant::now() + CONTROL_DEADLINE;
     ctx

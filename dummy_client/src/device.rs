@@ -10,22 +10,15 @@
 //! When the real client cannot reach the buffer (no driver there, a refused handle),
 //! `register_buffer` fails with `INVALID_PARAMS` and the log says why.
 
-use std::time::Instant;
-
 use serde_bytes::ByteBuf;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
-use mooncake_core::protocol::rpc::{CONTROL_DEADLINE, DeviceBufferDecl};
+use mooncake_core::protocol::rpc::DeviceBufferDecl;
 use mooncake_device::{DeviceAllocation, cuda};
 
 use crate::client::DummyClient;
 use crate::connection::{Connected, Link};
-
-fn deadline() -> tarpc::context::Context {
-    let mut ctx = tarpc::context::current();
-    ctx.deadline = Instant::now() + CONTROL_DEADLINE;
-    ctx
-}
+use crate::declare::deadline;
 
 impl DummyClient {
     /// Registers the GPU buffer `ptr..ptr+size` of `allocation` with the real client
