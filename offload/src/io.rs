@@ -199,16 +199,19 @@ fn run_ring(mut ring: IoUring, queue: &std::sync::mpsc::Receiver<Job>) {
                 results[index] = Some(Err(std::io::Error::other("io_uring queue full")));
             }
         }
+        let mut wait_failures = 0u32;
         while submitted > 0 {
-            match ring.submit_and_wait(submitted) {
-                Ok(_) => {}
-                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(error) => {
-                    // The operations may still be in flight: their callers must not get
-                    // their buffers back, so they are never answered. Stop serving.
-                    tracing::error!(%error, "io_uring wait failed; the SSD tier's io_uring thread stops");
-                    std::mem::forget(batch);
-                    return;
+            // The ring is never given up while operations are in flight (the kernel may
+            // still use the callers' buffers), and every caller gets its answer: a failed
+            // wait (a full completion queue, a signal, a transient error) is logged,
+            // completions are reaped, and the wait is tried again.
+            if let Err(error) = ring.submit_and_wait(submitted) {
+                if error.kind() != std::io::ErrorKind::Interrupted {
+                    wait_failures += 1;
+                    if wait_failures.is_power_of_two() {
+                        tracing::warn!(%error, failures = wait_failures, "io_uring wait failed; retrying");
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
                 }
             }
             for completion in ring.completion() {
@@ -342,6 +345,8 @@ impl IoEngine {
                 // awaited below before this function returns.
                 pending.push(unsafe { ring.start_one(entry) });
             }
+            // Every operation of the chunk is awaited before anything returns: the
+            // kernel may still be reading from the caller's buffers.
             let mut failure = None;
             for ((offset, bytes), started) in chunk.iter().zip(pending) {
                 let written = started.and_then(|result| {
@@ -349,12 +354,15 @@ impl IoEngine {
                         .recv()
                         .map_err(|_| std::io::Error::other("the io_uring thread stopped"))?
                 });
-                match written {
+                let finished = match written {
                     Ok(n) if n < bytes.len() => {
-                        self.write_all_at(file, &bytes[n..], offset + n as u64)?;
+                        self.write_all_at(file, &bytes[n..], offset + n as u64)
                     }
-                    Ok(_) => {}
-                    Err(error) => failure = Some(error),
+                    Ok(_) => Ok(()),
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = finished {
+                    failure.get_or_insert(error);
                 }
             }
             if let Some(error) = failure {
@@ -534,6 +542,70 @@ mod tests {
             }
             let _ = std::fs::remove_file(&path);
         }
+    }
+
+    /// Set in the re-executed test binary that runs under a file-size limit.
+    const FSIZE_CHILD: &str = "MOONCAKE_IO_TEST_FSIZE_CHILD";
+    /// The file-size limit of that child.
+    const FSIZE_LIMIT: u64 = 1 << 16;
+
+    /// A batch whose first write the file-size limit cuts short (and whose finishing
+    /// write then fails with EFBIG) fails, but only once every other write of the batch
+    /// is done: the caller may free the buffers as soon as it returns. Runs in a child
+    /// process, since the limit applies to the whole process.
+    #[test]
+    fn a_short_write_that_cannot_be_finished_fails_the_batch_after_the_others_are_done() {
+        if std::env::var_os(FSIZE_CHILD).is_some() {
+            return short_write_under_a_file_size_limit();
+        }
+        let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "io::tests::a_short_write_that_cannot_be_finished_fails_the_batch_after_the_others_are_done",
+                "--test-threads=1",
+            ])
+            .env(FSIZE_CHILD, "1")
+            .status()
+            .expect("child runs");
+        assert!(status.success(), "the child failed: {status}");
+    }
+
+    fn short_write_under_a_file_size_limit() {
+        let limit = libc::rlimit {
+            rlim_cur: FSIZE_LIMIT,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: plain system calls on this (child) process: writes past the limit
+        // fail with EFBIG instead of raising SIGXFSZ.
+        unsafe {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0);
+        }
+        let engine = IoEngine::new(true);
+        if !engine.is_uring() {
+            return;
+        }
+        let (path, file) = scratch_file("fsize", true);
+        let cut = vec![0xAB; 4096];
+        // One submission's worth: a failed chunk stops the batch before the next one.
+        let others: Vec<Vec<u8>> = (0..RING_ENTRIES as u8 - 1).map(|i| vec![i; 300]).collect();
+        let mut writes: Vec<(u64, &[u8])> = vec![(FSIZE_LIMIT - 100, &cut)];
+        writes.extend(
+            others
+                .iter()
+                .zip(0u64..)
+                .map(|(b, i)| (i * 512, b.as_slice())),
+        );
+        let error = engine
+            .write_batch_at(&file, &writes)
+            .expect_err("the rest of the cut write cannot be written");
+        assert_eq!(error.raw_os_error(), Some(libc::EFBIG), "{error}");
+        for (offset, bytes) in &writes[1..] {
+            let mut back = vec![0u8; bytes.len()];
+            file.read_exact_at(&mut back, *offset).expect("pread");
+            assert!(back == *bytes, "the write at {offset} is done");
+        }
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Settings of `mooncake_client`: flags, their environment fallbacks and defaults, and
 //! validation.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use mooncake_core::config_file;
@@ -10,6 +11,7 @@ use mooncake_core::flags::{
 use mooncake_core::logging::{LOG_FLAGS, LogError, LogSettings};
 use mooncake_core::master::MasterConfig;
 use mooncake_core::protocol::address::{DEFAULT_REAL_CLIENT_PORT, SocketAddress};
+use mooncake_core::protocol::auth::{self, AUTH_FLAGS, ClusterSecret};
 
 /// The real client's own flags.
 pub static CLIENT_FLAGS: &[FlagSpec] = &[
@@ -68,7 +70,7 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
 ];
 
 /// Every flag `mooncake_client` accepts.
-pub static FLAGS: &[&[FlagSpec]] = &[CLIENT_FLAGS, LOG_FLAGS, ARENA_FLAGS, GFLAGS];
+pub static FLAGS: &[&[FlagSpec]] = &[CLIENT_FLAGS, AUTH_FLAGS, LOG_FLAGS, ARENA_FLAGS, GFLAGS];
 
 /// `mooncake_client` for the flag parser.
 pub static PROGRAM: Program = Program {
@@ -136,6 +138,9 @@ pub struct RealClientConfig {
     pub log: LogSettings,
     /// Upstream flags accepted without effect, for the startup log.
     pub compat_notes: Vec<String>,
+    /// The cluster secret of `--cluster_secret_file` (`None`: see
+    /// [`RealClient::start`](crate::RealClient::start) for what is used instead).
+    pub cluster_secret: Option<Arc<ClusterSecret>>,
 }
 
 /// Why the configuration was rejected.
@@ -287,6 +292,9 @@ impl RealClientConfig {
             log_level: log.filter.clone(),
             log,
             compat_notes: flags.compat_notes(),
+            cluster_secret: ClusterSecret::from_flags(flags)
+                .map_err(|error| invalid("cluster_secret_file", error.to_string()))?
+                .map(Arc::new),
         })
     }
 
@@ -304,14 +312,53 @@ impl RealClientConfig {
         }
     }
 
-    /// Where the transfer engine listens.
-    pub fn transfer_bind(&self) -> std::net::SocketAddr {
-        let ip: std::net::IpAddr = self
-            .host
-            .parse()
-            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-        std::net::SocketAddr::new(ip, self.transfer_port)
+    /// Where the transfer engine listens: the address this node advertises, never a
+    /// wildcard. With the wildcard `--host` (the default) that is loopback, which serves
+    /// a single node and a cluster whose master is on this machine's loopback; a
+    /// cluster across machines needs `--host`. A host name binds the address it
+    /// resolves to (loopback with the embedded master, which only local processes
+    /// reach).
+    pub fn transfer_bind(&self) -> Result<std::net::SocketAddr, ConfigError> {
+        let ip = match self.host.as_str() {
+            "0.0.0.0" | "::" | "" => {
+                if let Some(master) = self
+                    .master_address
+                    .as_deref()
+                    .filter(|m| auth::loopback_port(m).is_none())
+                {
+                    return Err(invalid(
+                        "host",
+                        format!(
+                            "the wildcard {:?} names no address other nodes can reach, and the master {master} is not on this machine's loopback: give this node's address (--host=10.0.0.5 or MOONCAKE_LOCAL_HOSTNAME)",
+                            self.host
+                        ),
+                    ));
+                }
+                std::net::IpAddr::from([127, 0, 0, 1])
+            }
+            host => match host.parse() {
+                Ok(ip) => ip,
+                // Only local processes reach the embedded master, and so this node.
+                Err(_) if self.master_address.is_none() => std::net::IpAddr::from([127, 0, 0, 1]),
+                Err(_) => resolve(host)?,
+            },
+        };
+        Ok(std::net::SocketAddr::new(ip, self.transfer_port))
     }
+}
+
+/// The address a `--host` name resolves to (IPv4 first).
+fn resolve(host: &str) -> Result<std::net::IpAddr, ConfigError> {
+    let addresses: Vec<_> = std::net::ToSocketAddrs::to_socket_addrs(&(host, 0))
+        .map_err(|error| invalid("host", format!("{host:?} does not resolve: {error}")))?
+        .map(|a| a.ip())
+        .collect();
+    addresses
+        .iter()
+        .find(|ip| ip.is_ipv4())
+        .or(addresses.first())
+        .copied()
+        .ok_or_else(|| invalid("host", format!("{host:?} resolves to no address")))
 }
 
 /// `None` for the embedded master, else a checked `host:port`.
@@ -373,6 +420,31 @@ mod tests {
     fn config(args: &[&str]) -> Result<RealClientConfig, ConfigError> {
         let parsed = flags::parse(&PROGRAM, args.iter().map(|s| s.to_string()), |_| None)?;
         RealClientConfig::from_flags(&parsed)
+    }
+
+    fn bind_of(args: &[&str]) -> Result<std::net::SocketAddr, ConfigError> {
+        config(args).expect("valid flags").transfer_bind()
+    }
+
+    #[test]
+    fn the_transfer_engine_binds_the_advertised_address_never_a_wildcard() {
+        let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
+        assert_eq!(bind_of(&[]).expect("embedded").ip(), loopback);
+        assert_eq!(
+            bind_of(&["--host=gpu-node-7"]).expect("name").ip(),
+            loopback
+        );
+        assert_eq!(
+            bind_of(&["--master_server_address=127.0.0.1:50051"])
+                .expect("local cluster")
+                .ip(),
+            loopback
+        );
+        let explicit = bind_of(&["--host=10.1.2.3", "--transfer_port=7000"]).expect("ip");
+        assert_eq!(explicit.to_string(), "10.1.2.3:7000");
+        let error = bind_of(&["--master_server_address=192.0.2.1:50051"])
+            .expect_err("a wildcard names no reachable address");
+        assert!(error.to_string().contains("--host"), "{error}");
     }
 
     /// The flags `mooncake_client --helpfull` lists in upstream's wheel 0.3.13.

@@ -47,6 +47,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use mooncake_core::master::daemon::RunningMaster;
 use mooncake_core::master::{Clock, LOCAL_OWNER, MasterService};
+use mooncake_core::protocol::auth::{self, ClusterSecret};
 use mooncake_core::tenant::Tenant;
 use mooncake_core::units::format_size;
 use mooncake_shm::SharedMemory;
@@ -85,6 +86,22 @@ pub enum StartError {
     /// The tenant name is not valid.
     #[error("--tenant_id: {0}")]
     Tenant(String),
+    /// A setting is unusable at startup (an address that does not resolve).
+    #[error(transparent)]
+    Config(ConfigError),
+    /// The embedded master's loopback port is taken.
+    #[error(
+        "cannot serve the embedded master on 127.0.0.1:{port}: {source}; is another mooncake_client running on this machine? give it another --embedded_master_port, or 0 to not serve it"
+    )]
+    EmbeddedMasterPort {
+        /// The port.
+        port: u16,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The cluster secret could not be created.
+    #[error(transparent)]
+    Secret(auth::SecretError),
     /// The SSD tier could not be opened.
     #[error("{0}")]
     Disk(String),
@@ -113,9 +130,13 @@ pub struct RealClient {
 /// The embedded master's background work.
 #[derive(Debug)]
 struct EmbeddedMaster {
+    /// Its TCP server (with its maintenance), when served on loopback.
     running: Option<RunningMaster>,
-    maintenance: tokio::task::JoinHandle<()>,
+    /// Maintenance when it is not served.
+    maintenance: Option<tokio::task::JoinHandle<()>>,
     stop: watch::Sender<bool>,
+    /// The secret file local processes read; removed on drop.
+    _secret_file: Option<auth::LocalSecretFile>,
 }
 
 /// A random 128-bit id (instance ids, task ids).
@@ -132,35 +153,89 @@ pub fn random_id() -> u128 {
 }
 
 /// Starts the embedded master: its maintenance loop, and (when a port is set) its TCP
-/// server on loopback so other local processes can use it too.
+/// server on loopback so other local processes can use it too. A busy port is an error:
+/// another real client serves a master there. Connections must prove they know the
+/// cluster secret (`--cluster_secret_file`, else a fresh secret written for this user's
+/// processes only). Returns the master's background work and the secret this node uses.
 async fn start_embedded_master(
     config: &RealClientConfig,
     master: &Arc<MasterService>,
     master_id: u128,
-) -> EmbeddedMaster {
+) -> Result<(EmbeddedMaster, Arc<ClusterSecret>), StartError> {
     let (stop, _) = watch::channel(false);
-    let maintenance = tokio::spawn(mooncake_core::master::server::maintain(
-        Arc::clone(master),
-        stop.subscribe(),
-    ));
-    let running = match config.embedded_master_port {
+    let served = match config.embedded_master_port {
         0 => None,
         port => {
             let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-            match RunningMaster::start(Arc::clone(master), address, master_id).await {
-                Ok(running) => Some(running),
-                Err(error) => {
-                    tracing::warn!(%error, "the embedded master is not reachable over TCP (only this process uses it)");
-                    None
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|source| StartError::EmbeddedMasterPort { port, source })?;
+            let (secret, file) = match &config.cluster_secret {
+                Some(secret) => (Arc::clone(secret), None),
+                None => {
+                    let (secret, file) =
+                        auth::create_local_master_secret(port).map_err(StartError::Secret)?;
+                    (Arc::new(secret), Some(file))
                 }
-            }
+            };
+            let running = RunningMaster::serve(
+                Arc::clone(master),
+                listener,
+                master_id,
+                Some(Arc::clone(&secret)),
+            )
+            .map_err(|error| StartError::EmbeddedMasterPort {
+                port,
+                source: std::io::Error::other(error.to_string()),
+            })?;
+            Some((running, secret, file))
         }
     };
-    EmbeddedMaster {
+    let (running, secret, secret_file) = match served {
+        Some((running, secret, file)) => (Some(running), secret, file),
+        None => {
+            // Nobody else can reach this master: the transfer engine admits no peer.
+            let secret = match &config.cluster_secret {
+                Some(secret) => Arc::clone(secret),
+                None => Arc::new(
+                    ClusterSecret::random("this process only").map_err(StartError::Secret)?,
+                ),
+            };
+            (None, secret, None)
+        }
+    };
+    // The served master runs its own maintenance.
+    let maintenance = running.is_none().then(|| {
+        tokio::spawn(mooncake_core::master::server::maintain(
+            Arc::clone(master),
+            stop.subscribe(),
+        ))
+    });
+    let embedded = EmbeddedMaster {
         running,
         maintenance,
         stop,
+        _secret_file: secret_file,
+    };
+    Ok((embedded, secret))
+}
+
+/// The secret of a node whose master is at `address`: `--cluster_secret_file`, else
+/// the secret a local real client wrote for its embedded master on that loopback port;
+/// `None` (with a warning) when there is neither.
+fn remote_master_secret(config: &RealClientConfig, address: &str) -> Option<Arc<ClusterSecret>> {
+    if let Some(secret) = &config.cluster_secret {
+        return Some(Arc::clone(secret));
     }
+    if let Some(secret) = auth::find_local_master_secret(address) {
+        tracing::debug!(secret = secret.origin(), "using the local master's secret");
+        return Some(Arc::new(secret));
+    }
+    tracing::warn!(
+        master = address,
+        "no --cluster_secret_file: master and transfer connections are unauthenticated, and the transfer engine serves this node's memory to anyone who can reach its port (see docs/security.md)"
+    );
+    None
 }
 
 impl RealClient {
@@ -174,17 +249,29 @@ impl RealClient {
         let listener = config.socket.as_ref().map(server::bind).transpose()?;
         let instance_id = random_id();
         let tenant = Tenant::new(&config.tenant_id).map_err(StartError::Tenant)?;
-        let (master, embedded_master, client_id) = match &config.master_address {
+        let transfer_bind = config.transfer_bind().map_err(StartError::Config)?;
+        let (master, embedded_master, client_id, secret) = match &config.master_address {
             None => {
                 let master = Arc::new(MasterService::new(config.master.clone(), Clock::System));
-                let embedded = start_embedded_master(&config, &master, instance_id).await;
-                (MasterKind::Embedded(master), Some(embedded), LOCAL_OWNER)
+                let (embedded, secret) =
+                    start_embedded_master(&config, &master, instance_id).await?;
+                (
+                    MasterKind::Embedded(master),
+                    Some(embedded),
+                    LOCAL_OWNER,
+                    Some(secret),
+                )
             }
-            Some(address) => (
-                MasterKind::Remote(Arc::new(RemoteMaster::new(address.clone()))),
-                None,
-                instance_id,
-            ),
+            Some(address) => {
+                let secret = remote_master_secret(&config, address);
+                let remote = RemoteMaster::new(address.clone(), secret.clone());
+                (
+                    MasterKind::Remote(Arc::new(remote)),
+                    None,
+                    instance_id,
+                    secret,
+                )
+            }
         };
         let master = MasterLink::new(master, tenant);
         let contributes = config.global_segment_size > 0;
@@ -223,10 +310,11 @@ impl RealClient {
             None => None,
         };
         let transfer = TransferServer::start(
-            config.transfer_bind(),
+            transfer_bind,
             Arc::clone(&served),
             disk.clone(),
             config.transfer_congestion.clone(),
+            secret.clone(),
         )
         .map_err(StartError::Transfer)?;
         let endpoint = format!("{}:{}", config.advertised_host(), transfer.address().port());
@@ -259,7 +347,7 @@ impl RealClient {
                 served,
                 config.segment_name(),
                 disk,
-                TransferClient::new(config.transfer_congestion.clone()),
+                TransferClient::new(config.transfer_congestion.clone(), secret),
             ),
             sessions: Default::default(),
             allowed_uids: config.allowed_uids.clone(),
@@ -360,7 +448,9 @@ impl RealClient {
         }
         if let Some(embedded) = self.embedded_master.take() {
             embedded.stop.send_replace(true);
-            let _ = embedded.maintenance.await;
+            if let Some(maintenance) = embedded.maintenance {
+                let _ = maintenance.await;
+            }
             if let Some(running) = embedded.running {
                 running.stop().await;
             }

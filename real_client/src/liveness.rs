@@ -13,7 +13,8 @@ use crate::server::ServerState;
 /// Interval between heartbeats (well below the master's default `--client_ttl` of 10 s).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(1000);
 
-/// Heartbeats until `shutdown`; on `NeedRemount` mounts the segment again.
+/// Heartbeats until `shutdown`; on `NeedRemount` mounts the segment again; on
+/// `Displaced` stops serving the segment (its name belongs to another instance now).
 pub async fn heartbeat(
     state: Arc<ServerState>,
     client_id: u128,
@@ -23,6 +24,7 @@ pub async fn heartbeat(
     let mut tick = tokio::time::interval(HEARTBEAT_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut unreachable = false;
+    let mut displaced = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -34,6 +36,16 @@ pub async fn heartbeat(
                 if unreachable {
                     tracing::info!("master reachable again");
                     unreachable = false;
+                }
+            }
+            Ok(ClientStatus::Displaced) => {
+                if !displaced {
+                    displaced = true;
+                    state.store.segment().id.store(0, Ordering::Release);
+                    tracing::error!(
+                        segment = %state.identity.segment_name,
+                        "another mooncake_client mounted this node's segment name (this node restarted elsewhere, or two nodes share --host and --port): this instance no longer contributes memory; stop it, or give each node its own --host"
+                    );
                 }
             }
             Ok(ClientStatus::NeedRemount) if !state.store.segment().contributes => {}

@@ -12,6 +12,7 @@ use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master::{
     ClientStatus, MasterService, MasterStats, OffloadWork, PutStarted, TaskInfo, TaskWork,
 };
+use mooncake_core::protocol::auth::{self, ClusterSecret};
 use mooncake_core::protocol::blocking::{BlockingCallError, BlockingClient};
 use mooncake_core::protocol::codec;
 use mooncake_core::protocol::master_rpc::{
@@ -35,6 +36,8 @@ type BlockingMaster = BlockingClient<MasterRpcRequest, MasterRpcResponse>;
 #[derive(Debug)]
 pub struct RemoteMaster {
     address: String,
+    /// Proves our cluster membership to the master (`None`: unauthenticated).
+    secret: Option<Arc<ClusterSecret>>,
     connection: Mutex<Option<MasterRpcClient>>,
     blocking: parking_lot::Mutex<Vec<BlockingMaster>>,
 }
@@ -96,10 +99,12 @@ fn rpc_error(error: &RpcError) -> ErrorCode {
 }
 
 impl RemoteMaster {
-    /// A master at `address` (`host:port`); connects on first use.
-    pub fn new(address: String) -> Self {
+    /// A master at `address` (`host:port`); connects on first use, proving cluster
+    /// membership with `secret` when given.
+    pub fn new(address: String, secret: Option<Arc<ClusterSecret>>) -> Self {
         RemoteMaster {
             address,
+            secret,
             connection: Mutex::new(None),
             blocking: parking_lot::Mutex::new(Vec::new()),
         }
@@ -122,6 +127,12 @@ impl RemoteMaster {
             ErrorCode::RPC_FAIL
         })?;
         let _ = stream.set_nodelay(true);
+        let mut stream = stream;
+        if let Some(secret) = &self.secret {
+            auth::authenticate_client_async(&mut stream, secret, auth::Channel::Master)
+                .await
+                .map_err(|error| self.refused(&error))?;
+        }
         let client =
             MasterRpcClient::new(tarpc::client::Config::default(), codec::transport(stream))
                 .spawn();
@@ -133,15 +144,26 @@ impl RemoteMaster {
         Ok(client)
     }
 
-    /// The connected client, connecting first if needed.
+    /// The connected client, connecting first if needed. The lock is not held while
+    /// connecting, so calls on a live connection never wait behind a reconnect; when
+    /// two calls connect at once, the first connection stored is kept.
     async fn client(&self) -> CodeResult<MasterRpcClient> {
-        let mut connection = self.connection.lock().await;
-        if let Some(client) = connection.as_ref() {
+        if let Some(client) = self.connection.lock().await.as_ref() {
             return Ok(client.clone());
         }
-        let client = self.connect().await?;
-        *connection = Some(client.clone());
-        Ok(client)
+        let fresh = self.connect().await?;
+        let mut connection = self.connection.lock().await;
+        Ok(connection.get_or_insert(fresh).clone())
+    }
+
+    /// The error of a connection that did not authenticate, logged with the reason.
+    fn refused(&self, error: &auth::AuthError) -> ErrorCode {
+        tracing::error!(
+            address = %self.address,
+            %error,
+            "the master did not accept our cluster secret (or we did not accept its proof): check --cluster_secret_file on both sides"
+        );
+        ErrorCode::RPC_FAIL
     }
 
     async fn forget(&self) {
@@ -159,6 +181,13 @@ impl RemoteMaster {
                 tracing::debug!(address = %self.address, %error, "cannot reach the master");
                 ErrorCode::RPC_FAIL
             })?;
+        if let Some(secret) = &self.secret {
+            let mut stream = &stream;
+            let _ = stream.set_read_timeout(Some(auth::AUTH_DEADLINE));
+            let _ = stream.set_write_timeout(Some(auth::AUTH_DEADLINE));
+            auth::authenticate_client(&mut stream, secret, auth::Channel::Master)
+                .map_err(|error| self.refused(&error))?;
+        }
         let mut client = BlockingClient::new(stream).map_err(|_| ErrorCode::RPC_FAIL)?;
         let hello = MasterRpcRequest::Hello {
             version: MASTER_PROTOCOL_VERSION,

@@ -715,7 +715,11 @@ impl Store {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 match whole {
                     Some(dest) => self.transfers.read_disk_into(endpoint, stored_key, dest),
-                    None => from_value(&self.transfers.read_disk(endpoint, stored_key)?),
+                    None => from_value(&self.transfers.read_disk(
+                        endpoint,
+                        stored_key,
+                        replica.size,
+                    )?),
                 }
             }),
             Place::Local(source) => {

@@ -134,12 +134,16 @@ def start_real_client(log_dir, *flags, segment="512MB", port=None, timeout=15.0,
         else:
             candidate = port
         log_path = Path(log_dir) / f"mooncake_client_{candidate}_{time.monotonic_ns()}.log"
+        # The embedded master is served over TCP only when a test asks for it (its
+        # default port 50051 can be served by one real client per machine).
+        quiet_master = [] if any(f.startswith("--embedded_master_port") for f in flags) else ["--embedded_master_port=0"]
         args = [
             *prefix,
             str(binary),
             f"--port={candidate}",
             f"--global_segment_size={segment}",
             "--log_level=warn",
+            *quiet_master,
             *flags,
         ]
         with open(log_path, "wb") as log:

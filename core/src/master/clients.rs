@@ -3,9 +3,12 @@
 //! A real client announces itself by mounting a segment and then heartbeats. One that
 //! stays silent for `client_ttl` is declared dead and its segments are unmounted. A
 //! heartbeat from a client the master does not know (the master restarted) is answered
-//! with `NeedRemount`, and the client mounts its segments again.
+//! with `NeedRemount`, and the client mounts its segments again. A client whose segment
+//! name another instance mounted (a restart of that node, or a second node configured
+//! with the same name) is answered with `Displaced`: it must not remount, and stops
+//! contributing memory.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -18,12 +21,19 @@ pub enum ClientStatus {
     Ok,
     /// Unknown to this master: mount your segments again.
     NeedRemount,
+    /// Another instance mounted this client's segment name; it no longer owns a segment
+    /// and must not mount it again.
+    Displaced,
 }
+
+/// Displaced clients remembered (the oldest are forgotten first).
+pub const MAX_DISPLACED: usize = 1024;
 
 /// Last heartbeat of every remote real client.
 #[derive(Debug, Default)]
 pub struct ClientTable {
     last_seen: Mutex<HashMap<u128, Instant>>,
+    displaced: Mutex<VecDeque<u128>>,
 }
 
 impl ClientTable {
@@ -39,8 +49,20 @@ impl ClientTable {
                 *seen = now;
                 ClientStatus::Ok
             }
+            None if self.displaced.lock().contains(&client) => ClientStatus::Displaced,
             None => ClientStatus::NeedRemount,
         }
+    }
+
+    /// Forgets `client` because another instance took its segment name; its
+    /// heartbeats are answered with `Displaced` from now on.
+    pub fn displace(&self, client: u128) {
+        self.last_seen.lock().remove(&client);
+        let mut displaced = self.displaced.lock();
+        if displaced.len() >= MAX_DISPLACED {
+            displaced.pop_front();
+        }
+        displaced.push_back(client);
     }
 
     /// Forgets a client (clean shutdown).

@@ -13,6 +13,7 @@ use crate::flags::{
     self, ARENA_FLAGS, Accepts, Compat, FlagError, FlagSpec, GFLAGS, ParsedFlags, Program,
 };
 use crate::logging::{LOG_FLAGS, LogError, LogSettings};
+use crate::protocol::auth::{AUTH_FLAGS, ClusterSecret, SecretError};
 
 use super::server::{self, MasterHandler};
 use super::{AllocationStrategy, Clock, MasterConfig, MasterService};
@@ -447,7 +448,7 @@ pub static MASTER_FLAGS: &[FlagSpec] = &[
 ];
 
 /// Every flag of `mooncake_master`.
-pub static FLAGS: &[&[FlagSpec]] = &[MASTER_FLAGS, LOG_FLAGS, ARENA_FLAGS, GFLAGS];
+pub static FLAGS: &[&[FlagSpec]] = &[MASTER_FLAGS, AUTH_FLAGS, LOG_FLAGS, ARENA_FLAGS, GFLAGS];
 
 /// `mooncake_master` for the flag parser.
 pub static PROGRAM: Program = Program {
@@ -479,6 +480,9 @@ pub struct MasterDaemonConfig {
     pub log: LogSettings,
     /// Upstream flags accepted without effect, for the startup log.
     pub compat_notes: Vec<String>,
+    /// The cluster secret every connection must prove (`None`: unauthenticated, as
+    /// upstream).
+    pub cluster_secret: Option<Arc<ClusterSecret>>,
 }
 
 /// Why the master configuration was rejected.
@@ -496,6 +500,9 @@ pub enum DaemonConfigError {
     /// A value parsed but is not acceptable.
     #[error("invalid configuration: {0}")]
     Invalid(String),
+    /// `--cluster_secret_file` is unusable.
+    #[error("--cluster_secret_file: {0}")]
+    Secret(#[from] SecretError),
 }
 
 fn number<T: std::str::FromStr + Default>(
@@ -563,6 +570,7 @@ impl MasterDaemonConfig {
             log_level: log.filter.clone(),
             log,
             compat_notes: flags.compat_notes(),
+            cluster_secret: ClusterSecret::from_flags(flags)?.map(Arc::new),
         })
     }
 }
@@ -665,11 +673,12 @@ pub struct RunningMaster {
 
 impl RunningMaster {
     /// Binds the RPC port and starts serving `master` (with maintenance) on the current
-    /// runtime.
+    /// runtime; with `secret`, every connection must prove cluster membership.
     pub async fn start(
         master: Arc<MasterService>,
         rpc_address: SocketAddr,
         master_id: u128,
+        secret: Option<Arc<ClusterSecret>>,
     ) -> Result<Self, DaemonError> {
         let listener =
             TcpListener::bind(rpc_address)
@@ -678,8 +687,18 @@ impl RunningMaster {
                     address: rpc_address,
                     source,
                 })?;
+        Self::serve(master, listener, master_id, secret)
+    }
+
+    /// Starts serving `master` (with maintenance) on a bound `listener`.
+    pub fn serve(
+        master: Arc<MasterService>,
+        listener: TcpListener,
+        master_id: u128,
+        secret: Option<Arc<ClusterSecret>>,
+    ) -> Result<Self, DaemonError> {
         let rpc_address = listener.local_addr().map_err(|source| DaemonError::Bind {
-            address: rpc_address,
+            address: SocketAddr::from(([0, 0, 0, 0], 0)),
             source,
         })?;
         let (stop, _) = watch::channel(false);
@@ -688,7 +707,7 @@ impl RunningMaster {
             master_id,
         };
         let tasks = vec![
-            tokio::spawn(server::serve(listener, handler, stop.subscribe())),
+            tokio::spawn(server::serve(listener, handler, secret, stop.subscribe())),
             tokio::spawn(server::maintain(Arc::clone(&master), stop.subscribe())),
         ];
         Ok(RunningMaster {
@@ -719,7 +738,23 @@ pub async fn run(
         Some(address) => Some(serve_metadata(address).await?),
         None => None,
     };
-    let running = RunningMaster::start(Arc::clone(&master), config.rpc_address, master_id).await?;
+    let running = RunningMaster::start(
+        Arc::clone(&master),
+        config.rpc_address,
+        master_id,
+        config.cluster_secret.clone(),
+    )
+    .await?;
+    match &config.cluster_secret {
+        Some(secret) => tracing::info!(
+            secret = secret.origin(),
+            "every master connection must prove cluster membership"
+        ),
+        None => tracing::warn!(
+            rpc = %running.rpc_address,
+            "no --cluster_secret_file: the master port is unauthenticated; anyone who can reach it can read, overwrite and wipe the store (see docs/security.md)"
+        ),
+    }
     tracing::info!(
         rpc = %running.rpc_address,
         cluster_id = %config.cluster_id,

@@ -3,12 +3,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::net::SocketAddr;
 use tarpc::context::Context;
 use tarpc::server::BaseChannel;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::error::{CodeResult, ErrorCode};
+use crate::protocol::auth::{self, ClusterSecret};
 use crate::protocol::codec;
 use crate::protocol::master_rpc::{
     MASTER_PROTOCOL_VERSION, MAX_MASTER_BATCH, MasterHello, MasterRpc, MasterRpcRequest,
@@ -324,28 +327,31 @@ impl MasterRpc for MasterHandler {
     }
 }
 
-/// Accepts real clients on `listener` until `shutdown` turns true. A connection whose
-/// frames do not decode is closed; the others are not affected.
+/// Connections that may be authenticating at once; further ones are closed at once.
+pub const MAX_PENDING_AUTH: usize = 64;
+
+/// Accepts real clients on `listener` until `shutdown` turns true. With `secret`, each
+/// connection first proves cluster membership ([`auth`]); one that does not is closed
+/// with a log line naming the peer. A connection whose frames do not decode is closed;
+/// the others are not affected.
 pub async fn serve(
     listener: TcpListener,
     handler: MasterHandler,
+    secret: Option<Arc<ClusterSecret>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let pending = Arc::new(Semaphore::new(MAX_PENDING_AUTH));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
                     tracing::debug!(%peer, "master connection");
-                    let handler = handler.clone();
-                    tokio::spawn(serve_connection(
-                        BaseChannel::with_defaults(codec::serving_transport(stream)),
-                        handler.serve(),
-                        is_quick,
-                        |request, serve| {
-                            tokio::spawn(request.execute(serve));
-                        },
-                    ));
+                    let Ok(permit) = Arc::clone(&pending).try_acquire_owned() else {
+                        tracing::warn!(%peer, "refusing a master connection: {MAX_PENDING_AUTH} connections are already authenticating");
+                        continue;
+                    };
+                    tokio::spawn(admit(stream, peer, secret.clone(), permit, handler.clone()));
                 }
                 Err(error) => {
                     tracing::warn!(%error, "master accept failed");
@@ -355,6 +361,33 @@ pub async fn serve(
             () = crate::process::stop_requested(&mut shutdown) => break,
         }
     }
+}
+
+/// Authenticates one connection (when the master has a secret), then serves it.
+async fn admit(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    secret: Option<Arc<ClusterSecret>>,
+    permit: OwnedSemaphorePermit,
+    handler: MasterHandler,
+) {
+    if let Some(secret) = secret
+        && let Err(error) =
+            auth::authenticate_server_async(&mut stream, &secret, auth::Channel::Master).await
+    {
+        tracing::warn!(%peer, %error, "refused a master connection that did not prove cluster membership");
+        return;
+    }
+    drop(permit);
+    serve_connection(
+        BaseChannel::with_defaults(codec::serving_transport(stream)),
+        handler.serve(),
+        is_quick,
+        |request, serve| {
+            tokio::spawn(request.execute(serve));
+        },
+    )
+    .await;
 }
 
 /// Every master call answers from memory at once, except the scans of the whole index.

@@ -167,9 +167,12 @@ impl MasterService {
         {
             tracing::warn!(
                 segment = name,
-                "a new instance mounts a segment name held by an old one; dropping the old segment"
+                old_endpoint = %stale.endpoint,
+                endpoint,
+                "a new instance mounts a segment name held by another; the old instance loses its segment and is told so at its next heartbeat"
             );
-            let _ = self.unmount_segment(stale.id);
+            self.remove_client(stale.owner);
+            self.clients.displace(stale.owner);
         }
         let id = self.segments.mount(name, capacity, owner, endpoint)?;
         if owner != LOCAL_OWNER {

@@ -128,7 +128,7 @@ mod tests {
     async fn a_blocking_client_is_served_by_the_tarpc_server() {
         let master = Arc::new(MasterService::new(MasterConfig::default(), Clock::System));
         let address = "127.0.0.1:0".parse().expect("address");
-        let running = RunningMaster::start(master, address, 7)
+        let running = RunningMaster::start(master, address, 7, None)
             .await
             .expect("master starts");
         let address = running.rpc_address;

@@ -6,6 +6,7 @@
 //! [`rpc::RealClientRpc`], framed by [`codec`].
 
 pub mod address;
+pub mod auth;
 pub mod blocking;
 pub mod codec;
 pub mod handshake;

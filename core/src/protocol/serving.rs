@@ -11,9 +11,15 @@ use futures::StreamExt;
 use tarpc::RequestName;
 use tarpc::server::{Channel, InFlightRequest, Serve};
 
+/// Requests one connection may have in flight at once (the tarpc client's own default
+/// cap is 1000); a request beyond it is answered at once with a server error (the
+/// caller sees `RPC_FAIL`), so a peer cannot make us hold an unbounded number of tasks.
+pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 1024;
+
 /// Serves every request of `channel` with `serve` until the connection closes. Those
 /// for which `inline` is true run in this task; the others go to `spawn` (which starts
-/// `request.execute(serve)` in a task of its own).
+/// `request.execute(serve)` in a task of its own). At most
+/// [`MAX_IN_FLIGHT_PER_CONNECTION`] requests are in flight.
 pub async fn serve_connection<C, S>(
     channel: C,
     serve: S,
@@ -24,7 +30,11 @@ pub async fn serve_connection<C, S>(
     C::Req: RequestName,
     S: Serve<Req = C::Req, Resp = C::Resp> + Clone,
 {
-    let mut requests = std::pin::pin!(channel.requests());
+    let mut requests = std::pin::pin!(
+        channel
+            .max_concurrent_requests(MAX_IN_FLIGHT_PER_CONNECTION)
+            .requests()
+    );
     while let Some(next) = requests.next().await {
         let request = match next {
             Ok(request) => request,
@@ -38,5 +48,66 @@ pub async fn serve_connection<C, S>(
         } else {
             spawn(request, serve.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tarpc::context;
+    use tarpc::server::{BaseChannel, Serve};
+
+    use super::*;
+    use crate::protocol::codec;
+
+    #[tarpc::service]
+    trait Slow {
+        async fn wait(millis: u64) -> u64;
+    }
+
+    #[derive(Clone)]
+    struct SlowServer;
+
+    impl Slow for SlowServer {
+        async fn wait(self, _: context::Context, millis: u64) -> u64 {
+            tokio::time::sleep(Duration::from_millis(millis)).await;
+            millis
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_beyond_the_in_flight_cap_are_refused_and_the_rest_served() {
+        let (near, far) = tokio::io::duplex(1 << 20);
+        tokio::spawn(serve_connection(
+            BaseChannel::with_defaults(codec::serving_transport(far)),
+            SlowServer.serve(),
+            |_| false,
+            |request, serve| {
+                tokio::spawn(request.execute(serve));
+            },
+        ));
+        let mut config = tarpc::client::Config::default();
+        config.max_in_flight_requests = 4 * MAX_IN_FLIGHT_PER_CONNECTION;
+        let client = SlowClient::new(config, codec::transport(near)).spawn();
+        let calls = (0..MAX_IN_FLIGHT_PER_CONNECTION + 200).map(|_| {
+            let client = client.clone();
+            async move { client.wait(context::current(), 500).await }
+        });
+        let results = futures::future::join_all(calls).await;
+        let served = results.iter().filter(|r| r.is_ok()).count();
+        assert!(served <= MAX_IN_FLIGHT_PER_CONNECTION, "{served} served");
+        assert!(
+            served >= MAX_IN_FLIGHT_PER_CONNECTION / 2,
+            "{served} served"
+        );
+        assert!(
+            results
+                .iter()
+                .any(|r| matches!(r, Err(tarpc::client::RpcError::Server(_)))),
+            "requests beyond the cap get a server error"
+        );
+        // The connection stays usable.
+        assert_eq!(client.wait(context::current(), 1).await.expect("served"), 1);
     }
 }

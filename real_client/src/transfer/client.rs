@@ -2,11 +2,13 @@
 
 use std::collections::HashMap;
 use std::net::TcpStream;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::protocol::auth::{self, ClusterSecret};
 use mooncake_shm::{MemSlice, Outgoing, send_vectored};
 
 use super::stream::BufferedStream;
@@ -35,25 +37,38 @@ pub struct Transfer<'a> {
     pub local: &'a MemSlice,
 }
 
+/// Longest a pooled connection is kept unused; older ones are closed instead of
+/// reused (well before the peer's [`TRANSFER_IDLE_TIMEOUT`] closes them).
+///
+/// [`TRANSFER_IDLE_TIMEOUT`]: super::server::TRANSFER_IDLE_TIMEOUT
+const POOLED_IDLE_LIMIT: Duration = Duration::from_secs(300);
+
 /// Connections to peers' transfer servers, reused across transfers.
 #[derive(Debug, Default)]
 pub struct TransferClient {
-    idle: Mutex<HashMap<String, Vec<BufferedStream>>>,
+    /// Idle connections per endpoint, with when each was last used.
+    idle: Mutex<HashMap<String, Vec<(BufferedStream, Instant)>>>,
     congestion: Congestion,
+    /// Proves our cluster membership to peers (`None`: unauthenticated).
+    secret: Option<Arc<ClusterSecret>>,
 }
 
 impl TransferClient {
-    /// A client whose connections use `congestion`.
-    pub fn new(congestion: Congestion) -> Self {
+    /// A client whose connections use `congestion` and prove membership with `secret`.
+    pub fn new(congestion: Congestion, secret: Option<Arc<ClusterSecret>>) -> Self {
         TransferClient {
             idle: Mutex::default(),
             congestion,
+            secret,
         }
     }
 
     fn checkout(&self, endpoint: &str) -> CodeResult<BufferedStream> {
-        if let Some(stream) = self.idle.lock().get_mut(endpoint).and_then(Vec::pop) {
-            return Ok(stream);
+        if let Some(pool) = self.idle.lock().get_mut(endpoint) {
+            pool.retain(|(_, since)| since.elapsed() < POOLED_IDLE_LIMIT);
+            if let Some((stream, _)) = pool.pop() {
+                return Ok(stream);
+            }
         }
         let address = std::net::ToSocketAddrs::to_socket_addrs(endpoint)
             .ok()
@@ -64,6 +79,16 @@ impl TransferClient {
             ErrorCode::TRANSFER_FAIL
         })?;
         self.congestion.prepare(&stream);
+        if let Some(secret) = &self.secret {
+            let _ = stream.set_read_timeout(Some(auth::AUTH_DEADLINE));
+            let _ = stream.set_write_timeout(Some(auth::AUTH_DEADLINE));
+            auth::authenticate_client(&mut &stream, secret, auth::Channel::Transfer).map_err(
+                |error| {
+                    tracing::error!(endpoint, %error, "a peer's transfer engine did not accept our cluster secret (or we did not accept its proof): check --cluster_secret_file on both nodes");
+                    ErrorCode::TRANSFER_FAIL
+                },
+            )?;
+        }
         // A peer that vanishes must not hold a transfer forever.
         let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
         let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
@@ -74,7 +99,7 @@ impl TransferClient {
         let mut idle = self.idle.lock();
         let pool = idle.entry(endpoint.to_string()).or_default();
         if pool.len() < POOL_PER_PEER {
-            pool.push(stream);
+            pool.push((stream, Instant::now()));
         }
     }
 
@@ -186,10 +211,22 @@ impl TransferClient {
         Ok(answers)
     }
 
-    /// Reads the object stored under `key` on the peer's SSD tier.
-    pub fn read_disk(&self, endpoint: &str, key: &str) -> CodeResult<Vec<u8>> {
+    /// Reads the object stored under `key` on the peer's SSD tier, which the master
+    /// says holds `expected` bytes (a peer announcing another length is refused before
+    /// anything is allocated).
+    pub fn read_disk(&self, endpoint: &str, key: &str, expected: u64) -> CodeResult<Vec<u8>> {
         let mut value = Vec::new();
         self.disk_request(endpoint, key, |stream, len| {
+            if len != expected {
+                tracing::warn!(
+                    endpoint,
+                    key,
+                    len,
+                    expected,
+                    "a peer announced a disk object of the wrong size"
+                );
+                return Err(ErrorCode::TRANSFER_FAIL);
+            }
             value = vec![0u8; usize::try_from(len).map_err(|_| ErrorCode::TRANSFER_FAIL)?];
             std::io::Read::read_exact(stream, &mut value).map_err(|e| disk_io(endpoint, &e))
         })?;

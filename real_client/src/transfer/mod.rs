@@ -57,6 +57,7 @@ mod tests {
             Arc::clone(&segment),
             None,
             super::Congestion::System,
+            None,
         )
         .expect("server");
         (server, segment)

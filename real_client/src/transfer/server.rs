@@ -2,7 +2,10 @@
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use mooncake_core::protocol::auth::{self, ClusterSecret};
 
 use mooncake_core::error::ErrorCode;
 use mooncake_shm::{MemSlice, Outgoing, SharedMemory, send_vectored};
@@ -34,18 +37,21 @@ pub struct ServedSegment {
 
 impl TransferServer {
     /// Binds `bind` and serves `segment` (and `disk`, this node's SSD tier, when
-    /// enabled) on background threads (one per connection), answering with
-    /// `congestion`.
+    /// enabled) on background threads (one per connection, at most
+    /// [`MAX_TRANSFER_CONNECTIONS`]), answering with `congestion`. With `secret`, a
+    /// peer must prove cluster membership before its first request.
     pub fn start(
         bind: SocketAddr,
         segment: Arc<ServedSegment>,
         disk: Option<Arc<DiskTier>>,
         congestion: Congestion,
+        secret: Option<Arc<ClusterSecret>>,
     ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(bind)?;
         let address = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop_flag = Arc::clone(&stop);
+        let open = Arc::new(AtomicUsize::new(0));
         std::thread::Builder::new()
             .name("transfer-accept".into())
             .spawn(move || {
@@ -54,12 +60,25 @@ impl TransferServer {
                         break;
                     }
                     let Ok(stream) = stream else { continue };
+                    let Some(slot) = ConnectionSlot::take(&open) else {
+                        tracing::warn!(
+                            peer = ?stream.peer_addr().ok(),
+                            "refusing a transfer connection: {MAX_TRANSFER_CONNECTIONS} are open"
+                        );
+                        continue;
+                    };
                     congestion.prepare(&stream);
                     let segment = Arc::clone(&segment);
                     let disk = disk.clone();
+                    let secret = secret.clone();
                     let spawned = std::thread::Builder::new()
                         .name("transfer-peer".into())
-                        .spawn(move || serve_connection(stream, &segment, disk.as_deref()));
+                        .spawn(move || {
+                            let _slot = slot;
+                            if admitted(&stream, secret.as_deref()) {
+                                serve_connection(stream, &segment, disk.as_deref());
+                            }
+                        });
                     if let Err(error) = spawned {
                         tracing::warn!(%error, "cannot start a transfer connection thread");
                     }
@@ -79,6 +98,50 @@ impl Drop for TransferServer {
         self.stop.store(true, Ordering::Release);
         // Wake the accept loop so it sees the flag.
         let _ = TcpStream::connect(self.address);
+    }
+}
+
+/// Most transfer connections served at once (each holds a thread); further ones are
+/// closed at once.
+pub const MAX_TRANSFER_CONNECTIONS: usize = 512;
+/// Longest wait for the next request on an idle connection before it is closed (the
+/// peer reconnects when it needs to).
+pub const TRANSFER_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// One of the [`MAX_TRANSFER_CONNECTIONS`], given back when dropped.
+struct ConnectionSlot(Arc<AtomicUsize>);
+
+impl ConnectionSlot {
+    fn take(open: &Arc<AtomicUsize>) -> Option<Self> {
+        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < MAX_TRANSFER_CONNECTIONS).then_some(n + 1)
+        })
+        .ok()
+        .map(|_| ConnectionSlot(Arc::clone(open)))
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// True when the peer may send requests: there is no secret, or it proved membership
+/// within [`auth::AUTH_DEADLINE`].
+fn admitted(stream: &TcpStream, secret: Option<&ClusterSecret>) -> bool {
+    let Some(secret) = secret else {
+        return true;
+    };
+    let _ = stream.set_read_timeout(Some(auth::AUTH_DEADLINE));
+    let _ = stream.set_write_timeout(Some(auth::AUTH_DEADLINE));
+    let mut socket = stream;
+    match auth::authenticate_server(&mut socket, secret, auth::Channel::Transfer) {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(peer = ?stream.peer_addr().ok(), %error, "refused a transfer connection that did not prove cluster membership");
+            false
+        }
     }
 }
 
@@ -146,9 +209,10 @@ impl Outbox {
 }
 
 fn serve_connection(stream: TcpStream, segment: &ServedSegment, disk: Option<&DiskTier>) {
-    // Idle pooled connections may wait long between requests; a stalled peer mid-frame
-    // is dropped after the write timeout.
-    let _ = stream.set_write_timeout(Some(std::time::Duration::from_secs(30)));
+    // Idle pooled connections may wait long between requests, but not forever; a
+    // stalled peer mid-frame is dropped after the write timeout.
+    let _ = stream.set_read_timeout(Some(TRANSFER_IDLE_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(30)));
     let mut stream = BufferedStream::new(stream);
     let mut outbox = Outbox::default();
     loop {

@@ -423,6 +423,31 @@ fn silent_clients_lose_their_segments() {
 }
 
 #[test]
+fn a_client_whose_segment_name_is_mounted_by_another_is_told_it_is_displaced() {
+    let (master, _clock) = master(4096);
+    let (old, new) = (42u128, 43u128);
+    let first = master
+        .mount_segment("node-b:1", 4096, old, "127.0.0.1:9")
+        .expect("mount");
+    let second = master
+        .mount_segment("node-b:1", 4096, new, "127.0.0.1:10")
+        .expect("a restarted instance takes the name");
+    assert_ne!(first, second);
+    assert_eq!(master.heartbeat(old), ClientStatus::Displaced);
+    assert_eq!(master.heartbeat(new), ClientStatus::Ok);
+    let names: Vec<_> = master
+        .stats()
+        .segments
+        .iter()
+        .map(|s| s.endpoint.clone())
+        .collect();
+    assert!(
+        names.contains(&"127.0.0.1:10".to_string()) && !names.contains(&"127.0.0.1:9".to_string()),
+        "{names:?}"
+    );
+}
+
+#[test]
 fn watermark_maintenance_evicts_down_below_the_mark() {
     let (master, clock) = master(100 * 1024);
     for i in 0..95 {
