@@ -205,14 +205,14 @@ fn run_ring(mut ring: IoUring, queue: &std::sync::mpsc::Receiver<Job>) {
             // still use the callers' buffers), and every caller gets its answer: a failed
             // wait (a full completion queue, a signal, a transient error) is logged,
             // completions are reaped, and the wait is tried again.
-            if let Err(error) = ring.submit_and_wait(submitted) {
-                if error.kind() != std::io::ErrorKind::Interrupted {
-                    wait_failures += 1;
-                    if wait_failures.is_power_of_two() {
-                        tracing::warn!(%error, failures = wait_failures, "io_uring wait failed; retrying");
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(1));
+            if let Err(error) = ring.submit_and_wait(submitted)
+                && error.kind() != std::io::ErrorKind::Interrupted
+            {
+                wait_failures += 1;
+                if wait_failures.is_power_of_two() {
+                    tracing::warn!(%error, failures = wait_failures, "io_uring wait failed; retrying");
                 }
+                std::thread::sleep(std::time::Duration::from_millis(1));
             }
             for completion in ring.completion() {
                 let result = completion.result();
@@ -588,7 +588,8 @@ mod tests {
         let (path, file) = scratch_file("fsize", true);
         let cut = vec![0xAB; 4096];
         // One submission's worth: a failed chunk stops the batch before the next one.
-        let others: Vec<Vec<u8>> = (0..RING_ENTRIES as u8 - 1).map(|i| vec![i; 300]).collect();
+        let count = u8::try_from(RING_ENTRIES - 1).expect("a small ring");
+        let others: Vec<Vec<u8>> = (0..count).map(|i| vec![i; 300]).collect();
         let mut writes: Vec<(u64, &[u8])> = vec![(FSIZE_LIMIT - 100, &cut)];
         writes.extend(
             others

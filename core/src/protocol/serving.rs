@@ -56,7 +56,7 @@ mod tests {
     use std::time::Duration;
 
     use tarpc::context;
-    use tarpc::server::{BaseChannel, Serve};
+    use tarpc::server::BaseChannel;
 
     use super::*;
     use crate::protocol::codec;
