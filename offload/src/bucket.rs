@@ -432,11 +432,15 @@ fn build_meta(entries: &[(&str, Location)], data_len: u64) -> Vec<u8> {
     meta
 }
 
-/// One entry of a metadata file.
-struct MetaEntry {
-    key: String,
-    offset: u64,
-    value_len: u64,
+/// One entry of a metadata file: an object of the bucket and where its record is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetaEntry {
+    /// The object's key.
+    pub key: String,
+    /// Offset of its record in the bucket's data file.
+    pub offset: u64,
+    /// Length of its value.
+    pub value_len: u64,
 }
 
 /// Reads little-endian fields from a byte slice.
@@ -460,8 +464,9 @@ impl Cursor<'_> {
     }
 }
 
-/// Parses a metadata file; `None` when it is truncated, corrupt or not one.
-fn parse_meta(bytes: &[u8]) -> Option<Vec<MetaEntry>> {
+/// Parses a metadata file (layout in the module documentation), as recovery reads
+/// each `.meta`; `None` when it is truncated, corrupt or not one.
+pub fn parse_meta(bytes: &[u8]) -> Option<Vec<MetaEntry>> {
     let (body, crc) = bytes.split_at_checked(bytes.len().checked_sub(4)?)?;
     if crc32c(body).to_le_bytes() != crc {
         return None;
@@ -521,7 +526,7 @@ impl BucketStore {
             }
         }
         for (id, meta_path) in metas {
-            self.next_id = self.next_id.max(id + 1);
+            self.next_id = self.next_id.max(id.saturating_add(1));
             let indexed = self.recover_bucket(id, &meta_path, &mut report, &mut progress);
             if indexed == 0 {
                 report.dropped_buckets += 1;

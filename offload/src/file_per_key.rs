@@ -113,7 +113,7 @@ impl FilePerKeyStore {
                     continue;
                 };
                 progress.step();
-                self.next_id = self.next_id.max(id + 1);
+                self.next_id = self.next_id.max(id.saturating_add(1));
                 match recover_file(&path, &mut buffer) {
                     Some((key, value_len, bytes)) => found.push((id, key, value_len, bytes)),
                     None => {

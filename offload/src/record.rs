@@ -138,6 +138,19 @@ pub fn header(key: &[u8], value: &[u8]) -> [u8; HEADER_LEN] {
     out
 }
 
+/// The key and value of the record at the start of `bytes`, read as recovery reads one
+/// from its file: the header, its lengths against the bytes there are, then the
+/// checksum over key and value.
+pub fn read_record(bytes: &[u8]) -> Result<(&[u8], &[u8]), RecordError> {
+    let header = Header::parse(bytes)?;
+    let len = usize::try_from(header.record_len()).map_err(|_| RecordError::BadLength)?;
+    let record = bytes.get(..len).ok_or(RecordError::BadLength)?;
+    let key_len = usize::try_from(header.key_len).map_err(|_| RecordError::BadLength)?;
+    let (key, value) = record[HEADER_LEN..].split_at(key_len);
+    header.verify(key, value)?;
+    Ok((key, value))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,5 +182,69 @@ mod tests {
         flipped[9] ^= 1; // value length changes: the checksum no longer matches
         let parsed = Header::parse(&flipped).expect("parses");
         assert!(parsed.verify(b"key", b"value").is_err());
+    }
+
+    mod foreign_bytes {
+        //! Records come back from disk or from another store: no bytes may panic their
+        //! decoder, and only a record written for its key and value passes it.
+
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn record(key: &[u8], value: &[u8]) -> Vec<u8> {
+            let mut record = header(key, value).to_vec();
+            record.extend_from_slice(key);
+            record.extend_from_slice(value);
+            record
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(1000))]
+
+            #[test]
+            fn no_input_panics_the_record_header_decoder(
+                mut bytes in proptest::collection::vec(any::<u8>(), 0..96),
+                magic in any::<bool>(),
+            ) {
+                if magic && bytes.len() >= 4 {
+                    bytes[..4].copy_from_slice(&MAGIC);
+                }
+                if let Ok(header) = Header::parse(&bytes) {
+                    prop_assert!((1..=MAX_KEY_LEN).contains(&header.key_len));
+                    prop_assert!(header.value_len <= MAX_VALUE_LEN);
+                    prop_assert_eq!(
+                        u128::from(header.record_len()),
+                        HEADER_LEN as u128
+                            + u128::from(header.key_len)
+                            + u128::from(header.value_len),
+                        "the record length never saturates"
+                    );
+                }
+                if let Ok((key, value)) = read_record(&bytes) {
+                    prop_assert_eq!(&bytes[..HEADER_LEN], &header(key, value)[..]);
+                }
+            }
+
+            #[test]
+            fn records_round_trip_and_any_corrupt_byte_is_caught(
+                key in proptest::collection::vec(any::<u8>(), 1..48),
+                value in proptest::collection::vec(any::<u8>(), 0..200),
+                at in any::<usize>(),
+                flip in 1..=255u8,
+            ) {
+                let written = record(&key, &value);
+                prop_assert_eq!(read_record(&written), Ok((&key[..], &value[..])));
+                // Every byte but the reserved ones is covered by the magic, a bound or
+                // the checksum.
+                let at = at % written.len();
+                if !(20..HEADER_LEN).contains(&at) {
+                    let mut damaged = written.clone();
+                    damaged[at] ^= flip;
+                    prop_assert!(read_record(&damaged).is_err());
+                }
+                prop_assert!(read_record(&written[..at]).is_err(), "a torn record");
+            }
+        }
     }
 }

@@ -249,6 +249,307 @@ mod tests {
         assert_eq!(error.kind(), io::ErrorKind::InvalidData);
     }
 
+    mod requests {
+        //! The serving codec on the two request types that arrive from other processes:
+        //! a dummy's [`RealClientRpcRequest`]s and a real client's [`MasterRpcRequest`]s.
+
+        use std::time::{Duration, Instant};
+
+        use proptest::prelude::*;
+        use serde::de::DeserializeOwned;
+        use tokio_serde::Deserializer as _;
+
+        use super::super::*;
+        use crate::protocol::master_rpc::MasterRpcRequest;
+        use crate::protocol::rpc::{
+            DeviceBufferDecl, Fragment, GetItem, MemRange, PutItem, PutSource, RangeRead,
+            RealClientRpcRequest, WriteMode,
+        };
+        use crate::types::{ReplicateConfig, SoftPinAction};
+
+        /// Decodes `bytes` as a serving end does, and once more without the guard that
+        /// turns a panic into an error, so that a panic the guard would hide fails the
+        /// test.
+        fn decode_request<R: DeserializeOwned>(
+            bytes: &[u8],
+        ) -> io::Result<tarpc::ClientMessage<R>> {
+            let clamped = clamp_request_deadline(bytes);
+            let unguarded = postcard::from_bytes::<tarpc::ClientMessage<R>>(
+                clamped.as_deref().unwrap_or(bytes),
+            );
+            let mut codec = PostcardCodec::<tarpc::ClientMessage<R>, ()>::serving();
+            let decoded = Pin::new(&mut codec).deserialize(&BytesMut::from(bytes));
+            assert_eq!(decoded.is_ok(), unguarded.is_ok());
+            decoded
+        }
+
+        /// The bytes of a request for `message`, `deadline` ahead, as tarpc sends it.
+        fn request_bytes<R: Serialize>(message: R, deadline: Duration, id: u64) -> Vec<u8> {
+            let mut context = tarpc::context::current();
+            context.deadline = Instant::now() + deadline;
+            let request = tarpc::ClientMessage::Request(tarpc::Request {
+                context,
+                id,
+                message,
+            });
+            postcard::to_stdvec(&request).expect("encode")
+        }
+
+        /// Checks that a valid request decodes to itself, its deadline within the clamp.
+        fn round_trips<R: Serialize + DeserializeOwned>(message: &R, bytes: &[u8], id: u64) {
+            let before = Instant::now();
+            let decoded = decode_request::<R>(bytes).expect("a valid request decodes");
+            let tarpc::ClientMessage::Request(request) = decoded else {
+                panic!("a request decodes as a cancel");
+            };
+            assert_eq!(request.id, id);
+            assert!(
+                request.context.deadline
+                    <= Instant::now() + Duration::from_secs(MAX_REQUEST_DEADLINE_SECS + 5)
+            );
+            assert!(request.context.deadline >= before);
+            assert_eq!(
+                postcard::to_stdvec(&request.message).expect("encode"),
+                postcard::to_stdvec(message).expect("encode"),
+                "the message survives the trip"
+            );
+        }
+
+        fn key() -> impl Strategy<Value = String> {
+            ".{0,24}"
+        }
+
+        fn keys() -> impl Strategy<Value = Vec<String>> {
+            proptest::collection::vec(key(), 0..4)
+        }
+
+        fn range() -> impl Strategy<Value = MemRange> {
+            (any::<u64>(), any::<u64>()).prop_map(|(addr, len)| MemRange { addr, len })
+        }
+
+        fn config() -> impl Strategy<Value = ReplicateConfig> {
+            (
+                any::<u32>(),
+                prop_oneof![
+                    Just(SoftPinAction::Preserve),
+                    Just(SoftPinAction::Enable),
+                    Just(SoftPinAction::Disable)
+                ],
+                any::<Option<u64>>(),
+                any::<bool>(),
+                key(),
+                keys(),
+                any::<bool>(),
+            )
+                .prop_map(
+                    |(replica_num, soft_pin_action, ttl, hard, one, many, local)| ReplicateConfig {
+                        replica_num,
+                        soft_pin_action,
+                        soft_pin_ttl_ms: ttl,
+                        with_hard_pin: hard,
+                        preferred_segment: one,
+                        preferred_segments: many,
+                        prefer_alloc_in_same_node: local,
+                    },
+                )
+        }
+
+        fn sized() -> impl Strategy<Value = Vec<(String, u64)>> {
+            proptest::collection::vec((key(), any::<u64>()), 0..4)
+        }
+
+        fn mode() -> impl Strategy<Value = WriteMode> {
+            prop_oneof![Just(WriteMode::Put), Just(WriteMode::Upsert)]
+        }
+
+        fn dummy_request() -> impl Strategy<Value = RealClientRpcRequest> {
+            let source = prop_oneof![
+                proptest::collection::vec(range(), 0..4).prop_map(PutSource::Shared),
+                proptest::collection::vec(any::<u8>(), 0..64)
+                    .prop_map(|bytes| PutSource::Inline(serde_bytes::ByteBuf::from(bytes))),
+            ];
+            let put_item = (key(), source).prop_map(|(key, source)| PutItem { key, source });
+            let get_item = (key(), proptest::collection::vec(range(), 0..4))
+                .prop_map(|(key, dests)| GetItem { key, dests });
+            let fragment = (range(), any::<u64>())
+                .prop_map(|(dest, src_offset)| Fragment { dest, src_offset });
+            let read = (key(), proptest::collection::vec(fragment, 0..4))
+                .prop_map(|(key, fragments)| RangeRead { key, fragments });
+            let device = (
+                any::<u64>(),
+                any::<u64>(),
+                any::<i32>(),
+                any::<u64>(),
+                any::<u64>(),
+                proptest::collection::vec(any::<u8>(), 64),
+            )
+                .prop_map(
+                    |(addr, len, device, alloc_base, alloc_len, handle)| DeviceBufferDecl {
+                        addr,
+                        len,
+                        device,
+                        alloc_base,
+                        alloc_len,
+                        handle: serde_bytes::ByteBuf::from(handle),
+                    },
+                );
+            prop_oneof![
+                Just(()).prop_map(|()| RealClientRpcRequest::Ping {}),
+                keys().prop_map(|keys| RealClientRpcRequest::Exist { keys }),
+                key().prop_map(|key| RealClientRpcRequest::ObjectSize { key }),
+                (proptest::collection::vec(put_item, 0..3), config(), mode()).prop_map(
+                    |(items, config, mode)| RealClientRpcRequest::Put {
+                        items,
+                        config,
+                        mode
+                    }
+                ),
+                proptest::collection::vec(get_item, 0..3)
+                    .prop_map(|items| RealClientRpcRequest::Get { items }),
+                proptest::collection::vec(read, 0..3)
+                    .prop_map(|reads| RealClientRpcRequest::GetRanges { reads }),
+                (key(), any::<bool>()).prop_map(|(pattern, force)| {
+                    RealClientRpcRequest::RemoveByRegex { pattern, force }
+                }),
+                (key(), keys()).prop_map(|(key, targets)| {
+                    RealClientRpcRequest::CreateCopyTask { key, targets }
+                }),
+                any::<u128>().prop_map(|id| RealClientRpcRequest::QueryTask { id }),
+                (keys(), any::<bool>())
+                    .prop_map(|(keys, force)| RealClientRpcRequest::Remove { keys, force }),
+                proptest::collection::vec(range(), 0..4)
+                    .prop_map(|ranges| RealClientRpcRequest::DeclareMemory { ranges }),
+                any::<u64>().prop_map(|addr| RealClientRpcRequest::ForgetMemory { addr }),
+                device.prop_map(|buffer| RealClientRpcRequest::DeclareDevice { buffer }),
+            ]
+        }
+
+        fn master_request() -> impl Strategy<Value = MasterRpcRequest> {
+            prop_oneof![
+                any::<u32>().prop_map(|version| MasterRpcRequest::Hello { version }),
+                (any::<u128>(), key(), any::<u64>(), key()).prop_map(
+                    |(client, name, capacity, endpoint)| MasterRpcRequest::MountSegment {
+                        client,
+                        name,
+                        capacity,
+                        endpoint,
+                    }
+                ),
+                any::<u128>().prop_map(|client| MasterRpcRequest::Heartbeat { client }),
+                (sized(), config(), mode()).prop_map(|(items, config, mode)| {
+                    MasterRpcRequest::PutStart {
+                        items,
+                        config,
+                        mode,
+                    }
+                }),
+                sized().prop_map(|items| MasterRpcRequest::PutEnd { items }),
+                (keys(), any::<Option<u64>>()).prop_map(|(keys, lease_ms)| {
+                    MasterRpcRequest::GetReplicaList { keys, lease_ms }
+                }),
+                (key(), key(), any::<bool>()).prop_map(|(tenant, pattern, force)| {
+                    MasterRpcRequest::RemoveByRegex {
+                        tenant,
+                        pattern,
+                        force,
+                    }
+                }),
+                (key(), key(), key(), any::<u128>()).prop_map(|(key, source, target, id)| {
+                    MasterRpcRequest::CreateMoveTask {
+                        key,
+                        source,
+                        target,
+                        id,
+                    }
+                }),
+                (any::<u128>(), any::<u128>(), any::<Result<(), i32>>()).prop_map(
+                    |(client, id, outcome)| MasterRpcRequest::FinishTask {
+                        client,
+                        id,
+                        outcome,
+                    }
+                ),
+                (any::<u128>(), sized()).prop_map(|(client, objects)| {
+                    MasterRpcRequest::OffloadDone { client, objects }
+                }),
+                (any::<u128>(), keys())
+                    .prop_map(|(client, keys)| MasterRpcRequest::DiskEvicted { client, keys }),
+                Just(()).prop_map(|()| MasterRpcRequest::Stats {}),
+            ]
+        }
+
+        /// A deadline from nothing to far beyond the clock's range.
+        fn deadline() -> impl Strategy<Value = Duration> {
+            prop_oneof![
+                (0..2 * MAX_REQUEST_DEADLINE_SECS).prop_map(Duration::from_secs),
+                Just(Duration::from_secs(u64::MAX / 4)),
+            ]
+        }
+
+        /// Flips bytes of `bytes` and cuts it, as a corrupt or hostile peer would.
+        fn mutate(mut bytes: Vec<u8>, flips: &[(usize, u8)], cut: usize) -> Vec<u8> {
+            for (at, byte) in flips {
+                let at = at % bytes.len();
+                bytes[at] ^= byte;
+            }
+            bytes.truncate(cut % (bytes.len() + 1));
+            bytes
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(500))]
+
+            #[test]
+            fn no_input_panics_the_dummy_rpc_request_decoder(
+                bytes in proptest::collection::vec(any::<u8>(), 0..256),
+            ) {
+                let _ = decode_request::<RealClientRpcRequest>(&bytes);
+            }
+
+            #[test]
+            fn no_input_panics_the_master_rpc_request_decoder(
+                bytes in proptest::collection::vec(any::<u8>(), 0..256),
+            ) {
+                let _ = decode_request::<MasterRpcRequest>(&bytes);
+            }
+
+            #[test]
+            fn dummy_rpc_requests_round_trip_through_the_serving_codec(
+                message in dummy_request(),
+                deadline in deadline(),
+                id in any::<u64>(),
+            ) {
+                // A deadline beyond the clock's range cannot be encoded: cap what we send.
+                let deadline = deadline.min(Duration::from_secs(1 << 40));
+                round_trips(&message, &request_bytes(&message, deadline, id), id);
+            }
+
+            #[test]
+            fn master_rpc_requests_round_trip_through_the_serving_codec(
+                message in master_request(),
+                deadline in deadline(),
+                id in any::<u64>(),
+            ) {
+                let deadline = deadline.min(Duration::from_secs(1 << 40));
+                round_trips(&message, &request_bytes(&message, deadline, id), id);
+            }
+
+            #[test]
+            fn mutated_rpc_requests_decode_or_fail_cleanly(
+                dummy in dummy_request(),
+                master in master_request(),
+                id in any::<u64>(),
+                flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6),
+                cut in any::<usize>(),
+            ) {
+                let bytes = request_bytes(&dummy, Duration::from_secs(30), id);
+                let _ = decode_request::<RealClientRpcRequest>(&mutate(bytes, &flips, cut));
+                let bytes = request_bytes(&master, Duration::from_secs(30), id);
+                let _ = decode_request::<MasterRpcRequest>(&mutate(bytes, &flips, cut));
+            }
+        }
+    }
+
     #[test]
     fn varints_round_trip() {
         for value in [0, 1, 127, 128, 300, MAX_REQUEST_DEADLINE_SECS, u64::MAX] {

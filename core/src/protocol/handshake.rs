@@ -168,11 +168,101 @@ mod tests {
         assert!(decode_payload::<DummyFrame>(&[0xff, 0xff, 0xff]).is_err());
     }
 
-    proptest::proptest! {
+    use proptest::prelude::*;
+
+    fn any_dummy_frame() -> impl Strategy<Value = DummyFrame> {
+        let purpose = prop_oneof![Just(Purpose::Session), Just(Purpose::Attach)];
+        let kind = prop_oneof![Just(SegmentKind::Pool), Just(SegmentKind::Staging)];
+        prop_oneof![
+            (
+                any::<u32>(),
+                any::<u128>(),
+                any::<u32>(),
+                ".{0,40}",
+                purpose
+            )
+                .prop_map(|(version, client_id, pid, name, purpose)| {
+                    DummyFrame::Hello {
+                        version,
+                        client_id,
+                        pid,
+                        name,
+                        purpose,
+                    }
+                }),
+            (any::<u64>(), any::<u64>(), kind).prop_map(|(dummy_base, len, kind)| {
+                DummyFrame::Register(SegmentRegistration {
+                    dummy_base,
+                    len,
+                    kind,
+                })
+            }),
+            Just(DummyFrame::Ready),
+        ]
+    }
+
+    fn any_real_frame() -> impl Strategy<Value = RealFrame> {
+        prop_oneof![
+            (any::<u32>(), any::<u128>(), ".{0,40}", any::<u64>()).prop_map(
+                |(version, instance_id, segment_name, max_mapped_bytes)| RealFrame::Welcome {
+                    version,
+                    instance_id,
+                    segment_name,
+                    max_mapped_bytes,
+                }
+            ),
+            ".{0,80}".prop_map(RealFrame::Refused),
+            Just(RealFrame::Registered),
+            ".{0,80}".prop_map(RealFrame::Rejected),
+            Just(RealFrame::Attached),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
         #[test]
-        fn decoding_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+        fn no_input_panics_the_handshake_frame_decoder(
+            bytes in proptest::collection::vec(any::<u8>(), 0..256),
+        ) {
+            crate::protocol::fuzzing::handshake_frame(&bytes);
             let _ = decode_payload::<DummyFrame>(&bytes);
             let _ = decode_payload::<RealFrame>(&bytes);
+        }
+
+        #[test]
+        fn handshake_frames_of_either_side_round_trip(
+            dummy in any_dummy_frame(),
+            real in any_real_frame(),
+        ) {
+            let frame = encode_frame(&dummy).expect("encode");
+            let len = decode_len(frame[..4].try_into().expect("prefix")).expect("len");
+            prop_assert_eq!(len, frame.len() - 4);
+            prop_assert_eq!(decode_payload::<DummyFrame>(&frame[4..]).ok(), Some(dummy));
+            let frame = encode_frame(&real).expect("encode");
+            let len = decode_len(frame[..4].try_into().expect("prefix")).expect("len");
+            prop_assert_eq!(len, frame.len() - 4);
+            prop_assert_eq!(decode_payload::<RealFrame>(&frame[4..]).ok(), Some(real));
+        }
+
+        #[test]
+        fn mutated_handshake_frames_decode_or_fail_cleanly(
+            dummy in any_dummy_frame(),
+            real in any_real_frame(),
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+            cut in any::<usize>(),
+        ) {
+            for mut frame in [
+                encode_frame(&dummy).expect("encode"),
+                encode_frame(&real).expect("encode"),
+            ] {
+                for (at, byte) in &flips {
+                    let at = at % frame.len();
+                    frame[at] ^= byte;
+                }
+                crate::protocol::fuzzing::handshake_frame(&frame);
+                crate::protocol::fuzzing::handshake_frame(&frame[..cut % (frame.len() + 1)]);
+            }
         }
     }
 }

@@ -9,6 +9,8 @@ pub mod address;
 pub mod auth;
 pub mod blocking;
 pub mod codec;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod handshake;
 pub mod master_rpc;
 pub mod rpc;

@@ -86,8 +86,11 @@ impl DkvStore {
                 .strip_prefix(self.prefix.as_slice())
                 .and_then(|k| std::str::from_utf8(k).ok());
             let value_len = key.and_then(|k| stored.checked_sub((HEADER_LEN + k.len()) as u64));
+            // The lengths are the store's word: one that would carry the bytes in use
+            // past `u64::MAX` is no record's, and is left out rather than summed.
+            let counted = self.index.room().used.checked_add(stored).is_some();
             match (key, value_len) {
-                (Some(key), Some(value_len)) if value_len > 0 && !key.is_empty() => {
+                (Some(key), Some(value_len)) if value_len > 0 && !key.is_empty() && counted => {
                     self.index.insert(key.to_string(), (), value_len, stored);
                 }
                 _ => report.corrupt_records += 1,
@@ -238,4 +241,117 @@ fn put_all(client: &dyn DkvClient, records: &[(Vec<u8>, Vec<u8>)]) -> Result<(),
         let _ = client.batch_delete(&stored);
     }
     Err(remote(&error))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The store's listing and values come from another process: no listing or value
+    //! may panic the backend, and a read returns only the bytes of the record written
+    //! for its key.
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::dkv::scripted::{ScriptedKey, ScriptedStore};
+
+    const PREFIX: &str = "ns/node/";
+
+    /// A key of a script: an object of this node whose stored bytes are its record,
+    /// a damaged record, other bytes or gone, listed with its true length or any; or
+    /// a key outside the node's prefix.
+    fn scripted_key() -> impl Strategy<Value = ScriptedKey> {
+        (
+            "[a-z/]{0,6}",
+            proptest::collection::vec(any::<u8>(), 0..48),
+            0..4u8,
+            (any::<usize>(), 1..=255u8),
+            proptest::option::of(any::<u64>()),
+            any::<bool>(),
+        )
+            .prop_map(|(name, value, stored, (at, flip), listed, ours)| {
+                let mut record = encode_record(&name, &value);
+                let value = match stored {
+                    0 => Some(record),
+                    1 => {
+                        let at = at % record.len();
+                        record[at] ^= flip;
+                        Some(record)
+                    }
+                    2 => Some(value),
+                    _ => None,
+                };
+                let key = if ours {
+                    format!("{PREFIX}{name}")
+                } else {
+                    name
+                };
+                let true_len = value.as_ref().map_or(0, |v| v.len() as u64);
+                ScriptedKey {
+                    key: key.into_bytes(),
+                    listed_len: listed.unwrap_or(true_len),
+                    value,
+                }
+            })
+    }
+
+    fn open_and_read_all(script: &[ScriptedKey]) -> (RecoveryReport, usize) {
+        super::super::scripted::open_and_read_all(script, PREFIX, 4096)
+    }
+
+    #[test]
+    fn listed_lengths_that_would_overflow_the_bytes_in_use_are_left_out() {
+        // Found by the `dkv_record` fuzz target: two listed lengths whose sum passes
+        // `u64::MAX` overflowed the index's byte count (a panic with overflow checks, a
+        // wrapped count without).
+        let huge = u64::MAX - 10;
+        let script: Vec<ScriptedKey> = ["a", "b"]
+            .iter()
+            .map(|name| ScriptedKey {
+                listed_len: huge,
+                ..ScriptedKey::holding(format!("{PREFIX}{name}"), encode_record(name, b"v"))
+            })
+            .collect();
+        let (report, read) = open_and_read_all(&script);
+        assert_eq!((report.objects, report.corrupt_records, read), (1, 1, 0));
+        let client = Arc::new(ScriptedStore::new(script, None));
+        let (store, _) = DkvStore::open(
+            client,
+            PREFIX,
+            Limits::bytes(u64::MAX),
+            EvictionPolicy::Fifo,
+        )
+        .expect("opens");
+        assert_eq!(store.used_bytes(), huge);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        #[test]
+        fn no_listing_or_value_panics_the_distributed_kv_record_decoder(
+            script in proptest::collection::vec(scripted_key(), 0..12),
+        ) {
+            open_and_read_all(&script);
+        }
+
+        #[test]
+        fn distributed_kv_records_round_trip(
+            objects in proptest::collection::btree_map(
+                "[a-z]{1,8}",
+                proptest::collection::vec(any::<u8>(), 1..64),
+                0..12,
+            ),
+        ) {
+            let script: Vec<ScriptedKey> = objects
+                .iter()
+                .map(|(key, value)| {
+                    ScriptedKey::holding(format!("{PREFIX}{key}"), encode_record(key, value))
+                })
+                .collect();
+            let (report, read) = open_and_read_all(&script);
+            prop_assert_eq!(report.objects, objects.len() as u64);
+            prop_assert_eq!(report.corrupt_records, 0);
+            prop_assert_eq!(read, objects.len());
+        }
+    }
 }

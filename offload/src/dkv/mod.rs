@@ -8,11 +8,16 @@
 //! header and its payload go to different places without another copy). `scan` lists
 //! keys by prefix with a restartable cursor, so a node can rebuild its index from the
 //! store after a restart.
+//!
+//! With the `test-utils` feature, `scripted` offers a store that answers from a
+//! script, to feed the backend what a damaged or hostile store would.
 
 pub mod backend;
 pub mod conformance;
 pub mod plugin;
 pub mod redis;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod scripted;
 
 /// Why a call on one key (or a whole batch) failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -21,7 +21,7 @@ pub mod client;
 pub mod server;
 mod stream;
 pub mod tuning;
-mod wire;
+pub mod wire;
 
 pub use client::TransferClient;
 pub use server::TransferServer;

@@ -172,4 +172,108 @@ mod tests {
         );
         assert_eq!(read_response(&mut reader).expect("read"), Ok(7));
     }
+
+    mod foreign_bytes {
+        //! Headers come from peers: no 32 or 16 bytes may panic their decoder, and what
+        //! decodes is what was sent.
+
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![Just(Op::Read), Just(Op::Write), Just(Op::ReadDisk)]
+        }
+
+        fn frame() -> impl Strategy<Value = [u8; REQUEST_LEN]> {
+            proptest::collection::vec(any::<u8>(), REQUEST_LEN).prop_map(|bytes| {
+                let mut frame = [0u8; REQUEST_LEN];
+                frame.copy_from_slice(&bytes);
+                frame
+            })
+        }
+
+        /// A length anywhere, with the bounds of the decoder likely.
+        fn len() -> impl Strategy<Value = u64> {
+            prop_oneof![
+                any::<u64>(),
+                0..=MAX_DISK_KEY + 1,
+                MAX_TRANSFER - 1..=MAX_TRANSFER + 1,
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(1000))]
+
+            #[test]
+            fn no_input_panics_the_transfer_request_decoder(
+                mut frame in frame(),
+                magic in any::<bool>(),
+                op in 0..5u8,
+            ) {
+                // Half the frames get past the magic, and most then name an operation.
+                if magic {
+                    frame[..4].copy_from_slice(&MAGIC);
+                    frame[4] = op;
+                }
+                if let Ok(request) = Request::decode(&frame) {
+                    prop_assert!(request.len <= MAX_TRANSFER);
+                    prop_assert!(
+                        request.op != Op::ReadDisk
+                            || (1..=MAX_DISK_KEY).contains(&request.len)
+                    );
+                    // The three bytes after the operation are padding, not read.
+                    let mut sent = frame;
+                    sent[5..8].fill(0);
+                    prop_assert_eq!(request.encode(), sent);
+                }
+            }
+
+            #[test]
+            fn transfer_requests_within_bounds_round_trip(
+                op in op(),
+                segment in any::<u64>(),
+                offset in any::<u64>(),
+                len in len(),
+            ) {
+                let request = Request { op, segment, offset, len };
+                let valid = len <= MAX_TRANSFER
+                    && (op != Op::ReadDisk || (1..=MAX_DISK_KEY).contains(&len));
+                let decoded = Request::decode(&request.encode());
+                prop_assert_eq!(decoded.as_ref().ok(), valid.then_some(&request));
+                let mut stream = &request.encode()[..];
+                prop_assert_eq!(Request::read_from(&mut stream).ok(), valid.then_some(request));
+            }
+
+            #[test]
+            fn no_input_panics_the_transfer_response_decoder(
+                bytes in proptest::collection::vec(any::<u8>(), 0..40),
+            ) {
+                let mut stream = &bytes[..];
+                match read_response(&mut stream) {
+                    Err(WireError::Io(_)) => prop_assert!(bytes.len() < 16),
+                    Err(WireError::Malformed(_)) => prop_assert!(false, "responses have no checks"),
+                    Ok(status) => {
+                        prop_assert!(bytes.len() >= 16);
+                        prop_assert_eq!(stream.len(), bytes.len() - 16, "one header consumed");
+                        if let Ok(len) = status {
+                            prop_assert_eq!(&bytes[8..16], &len.to_le_bytes()[..]);
+                        }
+                    }
+                }
+            }
+
+            #[test]
+            fn transfer_responses_round_trip(
+                len in any::<u64>(),
+                code in proptest::sample::select(ErrorCode::ALL),
+            ) {
+                let mut stream = &encode_response(Ok(len))[..];
+                prop_assert_eq!(read_response(&mut stream).ok(), Some(Ok(len)));
+                let expected = if code == ErrorCode::OK { Ok(0) } else { Err(code) };
+                let mut stream = &encode_response(Err(code))[..];
+                prop_assert_eq!(read_response(&mut stream).ok(), Some(expected));
+            }
+        }
+    }
 }

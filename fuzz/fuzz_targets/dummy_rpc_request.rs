@@ -1,0 +1,12 @@
+//! A dummy's RPC requests as the real client's serving codec decodes them (deadlines
+//! clamped; `mooncake_core::protocol::fuzzing::serving_request`). The codec turns a
+//! decoder panic into an error; under the fuzzer a panic aborts all the same, so a
+//! panic it would hide is found.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use mooncake_core::protocol::fuzzing::serving_request;
+use mooncake_core::protocol::rpc::RealClientRpcRequest;
+
+fuzz_target!(|bytes: &[u8]| serving_request::<RealClientRpcRequest>(bytes));

@@ -1,0 +1,33 @@
+//! Transfer-engine headers as a peer sends them: a request header (server side) and a
+//! response header (client side). What decodes is within the protocol's bounds and
+//! encodes back to the bytes received.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use mooncake_real_client::transfer::wire::{
+    MAX_DISK_KEY, MAX_TRANSFER, Op, REQUEST_LEN, Request, WireError, read_response,
+};
+
+fuzz_target!(|bytes: &[u8]| {
+    let mut frame = [0u8; REQUEST_LEN];
+    let n = bytes.len().min(REQUEST_LEN);
+    frame[..n].copy_from_slice(&bytes[..n]);
+    if let Ok(request) = Request::decode(&frame) {
+        assert!(request.len <= MAX_TRANSFER);
+        assert!(request.op != Op::ReadDisk || (1..=MAX_DISK_KEY).contains(&request.len));
+        // The three bytes after the operation are padding, not read.
+        let mut sent = frame;
+        sent[5..8].fill(0);
+        assert_eq!(request.encode(), sent);
+    }
+    let mut stream = bytes;
+    let _ = Request::read_from(&mut stream);
+    let mut stream = bytes;
+    match read_response(&mut stream) {
+        Ok(Ok(len)) => assert_eq!(bytes[8..16], len.to_le_bytes()),
+        Ok(Err(code)) => assert_ne!(code.as_i32(), 0),
+        Err(WireError::Io(_)) => assert!(bytes.len() < 16),
+        Err(WireError::Malformed(why)) => panic!("a response header is never malformed: {why}"),
+    }
+});
