@@ -302,6 +302,11 @@ pub fn stats_metrics(prefix: &str, stats: &MasterStats) -> String {
     );
     let _ = writeln!(
         out,
+        "# HELP mooncake_{prefix}_maintenance_rounds_total Maintenance passes (eviction, expiry, timeouts) run since start.\n# TYPE mooncake_{prefix}_maintenance_rounds_total counter\nmooncake_{prefix}_maintenance_rounds_total {}",
+        stats.maintenance_rounds
+    );
+    let _ = writeln!(
+        out,
         "# HELP mooncake_{prefix}_segment_used_bytes Bytes allocated per segment.\n# TYPE mooncake_{prefix}_segment_used_bytes gauge"
     );
     for s in &stats.segments {

@@ -137,6 +137,9 @@ pub struct ReplicaDescriptor {
     pub size: u64,
     /// Readability.
     pub status: ReplicaStatus,
+    /// The master's permission to transfer these bytes (with a cluster secret; see
+    /// `protocol::grant`).
+    pub grant: Option<crate::protocol::grant::Grant>,
 }
 
 #[cfg(test)]

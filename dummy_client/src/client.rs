@@ -4,7 +4,7 @@
 //! error mapping); the operations live in `write`, `read`, `query` and `pool`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -13,6 +13,7 @@ use tarpc::context;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::protocol::address::SocketAddress;
+use mooncake_core::protocol::bounded::{Batch, Elements, MAX_REQUEST_ELEMENTS};
 use mooncake_core::protocol::rpc::{CONTROL_DEADLINE, StatusReport};
 
 use crate::connection::{ConnectError, Identity, Link, RealClient, Target};
@@ -68,6 +69,11 @@ pub(crate) struct Inner {
     /// Keeps an in-process real client alive until [`DummyClient::close`] (or the
     /// last clone is dropped).
     pub(crate) embedded: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    /// Calls that were sent and then failed in transport (deadline, lost connection):
+    /// the real client may still be working on them.
+    calls_in_doubt: AtomicU64,
+    /// Bytes of staging withheld from reuse after calls in doubt.
+    withheld: AtomicU64,
 }
 
 /// A dummy client: holds no store resources, only its shared memory and a link to its
@@ -181,6 +187,8 @@ impl DummyClient {
                 closed: AtomicBool::new(false),
                 spin,
                 embedded: Mutex::new(embedded),
+                calls_in_doubt: AtomicU64::new(0),
+                withheld: AtomicU64::new(0),
             }),
         })
     }
@@ -246,6 +254,9 @@ impl DummyClient {
         match outcome {
             Ok(value) => Ok(value),
             Err(error) => {
+                if !matches!(error, RpcError::Server(_)) {
+                    self.inner.calls_in_doubt.fetch_add(1, Ordering::AcqRel);
+                }
                 if !matches!(error, RpcError::DeadlineExceeded | RpcError::Server(_)) {
                     self.inner.link.lock().fail();
                 }
@@ -272,6 +283,35 @@ impl DummyClient {
         }
     }
 
+    /// Like [`call_batch`](Self::call_batch) for a batch of any size: sends `items` in
+    /// as many requests as keep each within the real client's decoding budget
+    /// ([`MAX_REQUEST_ELEMENTS`]); one result per item, in order. An item over the
+    /// budget on its own is `INVALID_PARAMS`.
+    pub(crate) fn call_chunked<I, T, F>(
+        &self,
+        items: Vec<I>,
+        timeout: Duration,
+        make: impl Fn(RealClient, context::Context, Batch<I>) -> F,
+    ) -> Vec<CodeResult<T>>
+    where
+        I: Elements,
+        F: std::future::Future<Output = Result<Vec<CodeResult<T>>, RpcError>>,
+    {
+        let mut results = Vec::with_capacity(items.len());
+        for chunk in split_by_elements(items, MAX_REQUEST_ELEMENTS) {
+            match chunk {
+                Chunk::Request(items) => {
+                    let count = items.len();
+                    let batch = Batch(items);
+                    results
+                        .extend(self.call_batch(count, timeout, |rpc, ctx| make(rpc, ctx, batch)));
+                }
+                Chunk::Oversized => results.push(Err(ErrorCode::INVALID_PARAMS)),
+            }
+        }
+        results
+    }
+
     /// Takes a staging block of `len` bytes, if the staging buffer has room.
     pub(crate) fn stage(&self, len: u64) -> Option<StagingBlock> {
         if len == 0 {
@@ -286,6 +326,38 @@ impl DummyClient {
         for block in blocks {
             memory.unstage(block);
         }
+    }
+
+    /// Bytes of the staging buffer withheld from reuse because a call that used them
+    /// failed in transport while the real client may still read or write them.
+    pub fn withheld_staging_bytes(&self) -> u64 {
+        self.inner.withheld.load(Ordering::Relaxed)
+    }
+
+    /// How many calls so far were sent and then failed in transport; taken before a
+    /// call whose shared memory is returned with [`unstage_after`](Self::unstage_after).
+    pub(crate) fn calls_in_doubt(&self) -> u64 {
+        self.inner.calls_in_doubt.load(Ordering::Acquire)
+    }
+
+    /// Returns staging blocks of calls made since [`calls_in_doubt`](Self::calls_in_doubt)
+    /// was `before`. When a call has failed in transport since, the real client may still
+    /// read or write them (a request past its deadline runs on): they stay out of use
+    /// for the life of this client rather than carry another call's bytes.
+    pub(crate) fn unstage_after(&self, blocks: &[StagingBlock], before: u64) {
+        if blocks.is_empty() {
+            return;
+        }
+        if self.calls_in_doubt() == before {
+            return self.unstage(blocks);
+        }
+        let bytes: u64 = blocks.iter().map(|b| b.slice.len() as u64).sum();
+        self.inner.withheld.fetch_add(bytes, Ordering::Relaxed);
+        tracing::warn!(
+            blocks = blocks.len(),
+            bytes,
+            "a call failed in transport while the real client may still use its staging blocks; they are not reused"
+        );
     }
 
     /// The real client's status: attached dummies, mappings, segment usage, objects.
@@ -352,5 +424,79 @@ impl DummyClient {
         // An in-process real client stops with its only user.
         let embedded = self.inner.embedded.lock().take();
         drop(embedded);
+    }
+}
+
+/// One request's worth of a batch, or an item too large for any request.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Chunk<I> {
+    /// Items that fit one request, in order.
+    Request(Vec<I>),
+    /// One item whose own lists pass the budget.
+    Oversized,
+}
+
+/// Splits `items`, in order, into requests of at most `budget` list elements each.
+pub(crate) fn split_by_elements<I: Elements>(items: Vec<I>, budget: usize) -> Vec<Chunk<I>> {
+    let mut chunks = Vec::new();
+    let mut current = Vec::new();
+    let mut used = 0usize;
+    for item in items {
+        let elements = item.elements();
+        if elements > budget {
+            if !current.is_empty() {
+                chunks.push(Chunk::Request(std::mem::take(&mut current)));
+                used = 0;
+            }
+            chunks.push(Chunk::Oversized);
+            continue;
+        }
+        if used + elements > budget {
+            chunks.push(Chunk::Request(std::mem::take(&mut current)));
+            used = 0;
+        }
+        used += elements;
+        current.push(item);
+    }
+    if !current.is_empty() {
+        chunks.push(Chunk::Request(current));
+    }
+    chunks
+}
+
+#[cfg(test)]
+mod tests {
+    use mooncake_core::protocol::rpc::{GetItem, MemRange};
+
+    use super::*;
+
+    #[test]
+    fn batches_are_split_to_fit_the_request_budget() {
+        let keys: Vec<String> = (0..7).map(|i| i.to_string()).collect();
+        let sizes: Vec<usize> = split_by_elements(keys, 3)
+            .iter()
+            .map(|chunk| match chunk {
+                Chunk::Request(items) => items.len(),
+                Chunk::Oversized => 0,
+            })
+            .collect();
+        assert_eq!(sizes, vec![3, 3, 1]);
+    }
+
+    #[test]
+    fn an_item_over_the_budget_alone_is_set_apart_in_its_place() {
+        let item = |ranges: usize| GetItem {
+            key: String::new(),
+            dests: vec![MemRange { addr: 0, len: 1 }; ranges],
+        };
+        let chunks = split_by_elements(vec![item(1), item(9), item(2)], 4);
+        assert_eq!(
+            chunks,
+            vec![
+                Chunk::Request(vec![item(1)]),
+                Chunk::Oversized,
+                Chunk::Request(vec![item(2)]),
+            ]
+        );
     }
 }

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use mooncake_core::error::ErrorCode;
+use mooncake_core::protocol::bounded::Batch;
 use mooncake_core::protocol::rpc::{
     CONTROL_DEADLINE, CrossMemory, Declaration, MAX_DECLARED_RANGES, MemRange,
 };
@@ -66,7 +67,7 @@ impl DummyClient {
         let mut answers = Vec::new();
         for chunk in ranges.chunks(MAX_DECLARED_RANGES) {
             let rpc = connected.rpc.clone();
-            let request = chunk.to_vec();
+            let request = Batch(chunk.to_vec());
             let call = async move { rpc.declare_memory(deadline(), request).await };
             match self.block_on(call) {
                 Ok(answer) if answer.accepted.len() == chunk.len() => answers.push(answer),

@@ -274,6 +274,17 @@ impl DummyMemory {
         Some(StagingBlock { addr, slice })
     }
 
+    /// The memory of pool block `addr..addr+len` (for the dummy's own copies).
+    pub fn pool_slice(&self, addr: u64, len: u64) -> Option<MemSlice> {
+        if !self.pool.within_block(addr, len) {
+            return None;
+        }
+        self.pool.segments().find_map(|memory| {
+            let offset = addr.checked_sub(memory.base())?;
+            memory.slice(offset, len)
+        })
+    }
+
     /// Returns a staging block.
     pub fn unstage(&mut self, block: &StagingBlock) {
         if let Some((_, allocator)) = self.staging.as_mut() {

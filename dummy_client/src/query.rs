@@ -29,9 +29,7 @@ impl DummyClient {
         if keys.is_empty() {
             return Vec::new();
         }
-        let keys = owned(keys);
-        let count = keys.len();
-        self.call_batch(count, CONTROL_DEADLINE, |rpc, ctx| async move {
+        self.call_chunked(owned(keys), CONTROL_DEADLINE, |rpc, ctx, keys| async move {
             rpc.exist(ctx, keys).await
         })
     }
@@ -57,9 +55,7 @@ impl DummyClient {
         if keys.is_empty() {
             return Vec::new();
         }
-        let keys = owned(keys);
-        let count = keys.len();
-        self.call_batch(count, CONTROL_DEADLINE, |rpc, ctx| async move {
+        self.call_chunked(owned(keys), CONTROL_DEADLINE, |rpc, ctx, keys| async move {
             rpc.replica_desc(ctx, keys).await
         })
     }
@@ -74,9 +70,7 @@ impl DummyClient {
         if keys.is_empty() {
             return Vec::new();
         }
-        let keys = owned(keys);
-        let count = keys.len();
-        self.call_batch(count, CONTROL_DEADLINE, |rpc, ctx| async move {
+        self.call_chunked(owned(keys), CONTROL_DEADLINE, |rpc, ctx, keys| async move {
             rpc.remove(ctx, keys, force).await
         })
     }
@@ -103,7 +97,7 @@ impl DummyClient {
     pub fn create_copy_task(&self, key: &str, targets: &[String]) -> CodeResult<u128> {
         let (key, targets) = (key.to_string(), targets.to_vec());
         self.call(CONTROL_DEADLINE, |rpc, ctx| async move {
-            rpc.create_copy_task(ctx, key, targets).await
+            rpc.create_copy_task(ctx, key, targets.into()).await
         })?
     }
 

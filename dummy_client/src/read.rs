@@ -121,9 +121,9 @@ impl DummyClient {
         }
     }
 
-    fn release_bounces(&self, bounces: Bounces) {
+    fn release_bounces(&self, bounces: Bounces, before: u64) {
         let blocks: Vec<StagingBlock> = bounces.into_iter().flatten().map(|b| b.block).collect();
-        self.unstage(&blocks);
+        self.unstage_after(&blocks, before);
     }
 
     /// Reads each object into its destinations (filled in order); one size or error per
@@ -164,7 +164,8 @@ impl DummyClient {
         match ranges {
             Ok(ranges) => Some((ranges, bounces)),
             Err(_) => {
-                self.release_bounces(bounces);
+                // Never sent: nothing can be in doubt.
+                self.release_bounces(bounces, self.calls_in_doubt());
                 None
             }
         }
@@ -177,8 +178,8 @@ impl DummyClient {
         if requests.is_empty() {
             return;
         }
-        let count = requests.len();
-        let answers = self.call_batch(count, DATA_DEADLINE, |rpc, ctx| async move {
+        let before = self.calls_in_doubt();
+        let answers = self.call_chunked(requests, DATA_DEADLINE, |rpc, ctx, requests| async move {
             rpc.get(ctx, requests).await
         });
         for ((index, lens, bounces), answer) in planned.into_iter().zip(answers) {
@@ -192,7 +193,7 @@ impl DummyClient {
                     remaining -= written;
                 }
             }
-            self.release_bounces(bounces);
+            self.release_bounces(bounces, before);
             results[index] = answer;
         }
     }
@@ -210,7 +211,9 @@ impl DummyClient {
             return Err(ErrorCode::INVALID_PARAMS);
         }
         self.get_with(key, |bytes| {
-            let capacity = dests.iter().map(|&(_, len)| len).sum::<u64>();
+            let capacity = dests
+                .iter()
+                .fold(0u64, |sum, &(_, len)| sum.saturating_add(len));
             if bytes.len() as u64 > capacity {
                 return Err(ErrorCode::BUFFER_OVERFLOW);
             }
@@ -337,9 +340,10 @@ impl DummyClient {
             key: key.to_string(),
             dests: vec![block.range()],
         }];
+        let before = self.calls_in_doubt();
         let read = self
             .call_batch(1, DATA_DEADLINE, |rpc, ctx| async move {
-                rpc.get(ctx, request).await
+                rpc.get(ctx, request.into()).await
             })
             .into_iter()
             .next()
@@ -357,7 +361,7 @@ impl DummyClient {
                     .ok_or(ErrorCode::INTERNAL_ERROR),
             ),
         };
-        self.unstage(std::slice::from_ref(&block));
+        self.unstage_after(std::slice::from_ref(&block), before);
         outcome
     }
 
@@ -457,7 +461,7 @@ impl DummyClient {
                     if !fits {
                         continue;
                     }
-                    match self.destination(ptrs[b] + d[f], z[f], &mut bounces) {
+                    match self.destination(ptrs[b].saturating_add(d[f]), z[f], &mut bounces) {
                         Ok(dest) => {
                             fragments.push(Fragment {
                                 dest,
@@ -480,9 +484,9 @@ impl DummyClient {
                 }
             }
         }
+        let before = self.calls_in_doubt();
         if !reads.is_empty() {
-            let count = reads.len();
-            let answers = self.call_batch(count, DATA_DEADLINE, |rpc, ctx| async move {
+            let answers = self.call_chunked(reads, DATA_DEADLINE, |rpc, ctx, reads| async move {
                 rpc.get_ranges(ctx, reads)
                     .await
                     .map(|v| v.into_iter().map(Ok).collect())
@@ -503,7 +507,7 @@ impl DummyClient {
                 }
             }
         }
-        self.release_bounces(bounces);
+        self.release_bounces(bounces, before);
         results
     }
 }

@@ -4,13 +4,16 @@
 //! Shared-memory ranges, and registered ordinary buffers the real client reaches across
 //! processes, go to the real client as addresses (it copies them once). Bytes and the
 //! other registered ordinary buffers are copied once into the staging buffer, in rounds
-//! that fit it; only a value larger than the whole staging buffer is sent inside the
-//! request.
+//! that fit it; a value larger than the whole staging buffer is copied into a block of
+//! the shared pool, and only when the pool cannot grow either does it travel inside the
+//! request (up to [`MAX_INLINE_BYTES`] per request).
 
 use serde_bytes::ByteBuf;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
-use mooncake_core::protocol::rpc::{DATA_DEADLINE, MemRange, PutItem, PutSource, WriteMode};
+use mooncake_core::protocol::rpc::{
+    DATA_DEADLINE, MAX_INLINE_BYTES, MemRange, PutItem, PutSource, WriteMode,
+};
 use mooncake_core::types::ReplicateConfig;
 
 use crate::client::{DummyClient, all_failed};
@@ -263,8 +266,8 @@ impl DummyClient {
     /// Sends every item, in order: items naming only memory the real client reaches go
     /// as ranges; the others are copied once into the staging buffer, in rounds that
     /// each fit it (a round is sent and its staging released before the next one is
-    /// staged), and only an item larger than the whole staging buffer travels inside
-    /// the request.
+    /// staged); an item larger than the whole staging buffer goes through a pool block,
+    /// or inside the request when the pool cannot have one.
     fn write(
         &self,
         items: Vec<WriteItem<'_>>,
@@ -292,13 +295,14 @@ impl DummyClient {
 
     /// The bytes of an item to copy (`total` of them), staged in `round`'s staging; when
     /// the staging buffer is full, `flush` sends the round first and staging is tried
-    /// again; an item that still finds no room travels inline.
+    /// again; an item that still finds no room goes through a block of the pool, else
+    /// inline (`NO_AVAILABLE_HANDLE` past [`MAX_INLINE_BYTES`]).
     fn copied_source(
         &self,
         parts: &[Part<'_>],
         total: u64,
         round: &mut WriteRound,
-        flush: impl FnOnce(&mut WriteRound),
+        mut flush: impl FnMut(&mut WriteRound),
     ) -> CodeResult<PutSource> {
         if let Some(source) = self.staged_source(parts, total, &mut round.staged) {
             return Ok(source);
@@ -310,7 +314,41 @@ impl DummyClient {
                 return Ok(source);
             }
         }
+        if let Some(source) = self.pooled_source(parts, total, &mut round.pooled) {
+            return Ok(source);
+        }
+        if total > MAX_INLINE_BYTES {
+            tracing::warn!(
+                bytes = total,
+                limit = MAX_INLINE_BYTES,
+                "a value larger than the staging buffer found no room in the shared pool and is too large to send inside a request"
+            );
+            return Err(ErrorCode::NO_AVAILABLE_HANDLE);
+        }
+        if round.inline_bytes + total > MAX_INLINE_BYTES {
+            flush(round);
+        }
+        round.inline_bytes += total;
         inline_source(parts, total)
+    }
+
+    /// The item copied into a new block of the shared pool (freed once its round is
+    /// answered); `None` when the pool cannot grow.
+    fn pooled_source(
+        &self,
+        parts: &[Part<'_>],
+        total: u64,
+        pooled: &mut Vec<StagingBlock>,
+    ) -> Option<PutSource> {
+        let addr = self.alloc_from_mem_pool(total);
+        if addr == 0 {
+            return None;
+        }
+        let Some(slice) = self.inner.memory.lock().pool_slice(addr, total) else {
+            let _ = self.free_to_mem_pool(addr);
+            return None;
+        };
+        Some(filled(parts, StagingBlock { addr, slice }, pooled))
     }
 
     /// Sends the items of `round` (one request) and releases its staging.
@@ -322,18 +360,30 @@ impl DummyClient {
         mode: WriteMode,
     ) {
         let items = std::mem::take(&mut round.items);
+        let before = self.calls_in_doubt();
         if !items.is_empty() {
             let (positions, requests): (Vec<usize>, Vec<PutItem>) = items.into_iter().unzip();
-            let count = requests.len();
-            let config = config.clone();
-            let answers = self.call_batch(count, DATA_DEADLINE, |rpc, ctx| async move {
-                rpc.put(ctx, requests, config, mode).await
+            let answers = self.call_chunked(requests, DATA_DEADLINE, |rpc, ctx, requests| {
+                let config = config.clone();
+                async move { rpc.put(ctx, requests, config, mode).await }
             });
             for (index, answer) in positions.into_iter().zip(answers) {
                 results[index] = answer;
             }
         }
-        self.unstage(&std::mem::take(&mut round.staged));
+        self.unstage_after(&std::mem::take(&mut round.staged), before);
+        let pooled = std::mem::take(&mut round.pooled);
+        if self.calls_in_doubt() == before {
+            for block in pooled {
+                let _ = self.free_to_mem_pool(block.addr);
+            }
+        } else if !pooled.is_empty() {
+            tracing::warn!(
+                blocks = pooled.len(),
+                "a put failed in transport while the real client may still read its pool blocks; they are not reused"
+            );
+        }
+        round.inline_bytes = 0;
     }
 
     /// How the bytes of one item travel: as ranges when every part is memory the real
@@ -383,13 +433,7 @@ impl DummyClient {
         staged: &mut Vec<StagingBlock>,
     ) -> Option<PutSource> {
         let block = self.stage(total)?;
-        let mut offset = 0u64;
-        for part in parts {
-            offset += copy_part(part, &block, offset);
-        }
-        let range = block.range();
-        staged.push(block);
-        Some(PutSource::Shared(vec![range]))
+        Some(filled(parts, block, staged))
     }
 }
 
@@ -408,6 +452,10 @@ struct WriteRound {
     items: Vec<(usize, PutItem)>,
     /// Staging blocks the items name, released once the round is answered.
     staged: Vec<StagingBlock>,
+    /// Pool blocks the items name (values larger than staging), freed likewise.
+    pooled: Vec<StagingBlock>,
+    /// Bytes the items carry inside the request.
+    inline_bytes: u64,
 }
 
 fn part_len(part: &Part<'_>) -> u64 {
@@ -431,6 +479,18 @@ fn inline_source(parts: &[Part<'_>], total: u64) -> CodeResult<PutSource> {
         }
     }
     Ok(PutSource::Inline(ByteBuf::from(bytes)))
+}
+
+/// The item's parts copied into `block`, which `held` keeps until the item's round is
+/// answered; the item's source.
+fn filled(parts: &[Part<'_>], block: StagingBlock, held: &mut Vec<StagingBlock>) -> PutSource {
+    let mut offset = 0u64;
+    for part in parts {
+        offset += copy_part(part, &block, offset);
+    }
+    let range = block.range();
+    held.push(block);
+    PutSource::Shared(vec![range])
 }
 
 /// Copies one part into `block` at `offset`; returns the bytes copied.

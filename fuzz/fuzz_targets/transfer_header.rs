@@ -1,6 +1,6 @@
 //! Transfer-engine headers as a peer sends them: a request header (server side) and a
 //! response header (client side). What decodes is within the protocol's bounds and
-//! encodes back to the bytes received.
+//! encodes back to the bytes received (grant fields included).
 
 #![no_main]
 
@@ -16,9 +16,9 @@ fuzz_target!(|bytes: &[u8]| {
     if let Ok(request) = Request::decode(&frame) {
         assert!(request.len <= MAX_TRANSFER);
         assert!(request.op != Op::ReadDisk || (1..=MAX_DISK_KEY).contains(&request.len));
-        // The three bytes after the operation are padding, not read.
+        // The two bytes after the flags are padding, not read.
         let mut sent = frame;
-        sent[5..8].fill(0);
+        sent[6..8].fill(0);
         assert_eq!(request.encode(), sent);
     }
     let mut stream = bytes;

@@ -348,8 +348,11 @@ impl ReadPlan {
         };
         let direct = io.read_direct(path, offset, record_len, |record| {
             let (head, body) = record.split_at(HEADER_LEN + self.key.len());
+            // Checked in the private read buffer: `dest` may be memory another process
+            // can change meanwhile.
+            let checked = self.check(head, body);
             value.copy_from_slice(body);
-            self.check(head, value)
+            checked
         });
         match direct {
             Some(Ok(checked)) => checked,

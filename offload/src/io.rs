@@ -558,16 +558,24 @@ mod tests {
         if std::env::var_os(FSIZE_CHILD).is_some() {
             return short_write_under_a_file_size_limit();
         }
-        let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        // The child's output goes to pipes: the file-size limit would also cut its
+        // writes to a log file larger than the limit.
+        let output = std::process::Command::new(std::env::current_exe().expect("test binary"))
             .args([
                 "--exact",
                 "io::tests::a_short_write_that_cannot_be_finished_fails_the_batch_after_the_others_are_done",
                 "--test-threads=1",
             ])
             .env(FSIZE_CHILD, "1")
-            .status()
+            .output()
             .expect("child runs");
-        assert!(status.success(), "the child failed: {status}");
+        assert!(
+            output.status.success(),
+            "the child failed: {}\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
 
     fn short_write_under_a_file_size_limit() {

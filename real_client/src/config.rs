@@ -58,7 +58,9 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
             "SSD-tier reads are always served through the transfer engine",
             Accepts::Only(&["true"]),
         )),
-    FlagSpec::value("max_dummy_shm_size", Some("1 TB"), "most shared memory one dummy may register").ours(),
+    FlagSpec::value("max_dummy_shm_size", None, "most shared memory one dummy may register (default: physical memory)").ours(),
+    FlagSpec::value("max_total_dummy_shm_size", None, "most shared memory all dummies together may register (default: physical memory)").ours(),
+    FlagSpec::value("max_dummy_sessions", Some("1024"), "most dummies attached at once").ours(),
     FlagSpec::value("default_kv_lease_ttl", Some("10000"), "read lease of the embedded master in ms (or 10s, 500ms)").ours(),
     FlagSpec::value("threads", Some("0"), "worker threads; 0 means one per core")
         .compat(Compat::Differs("threads of the async runtime; default 0 = one per core (upstream: 1)")),
@@ -110,6 +112,10 @@ pub struct RealClientConfig {
     pub global_segment_size: u64,
     /// Most shared memory one dummy may register.
     pub max_dummy_shm_size: u64,
+    /// Most shared memory all dummies together may register.
+    pub max_total_dummy_shm_size: u64,
+    /// Most dummies attached at once.
+    pub max_dummy_sessions: usize,
     /// Worker threads (0: one per core).
     pub threads: usize,
     /// Tenant id.
@@ -260,7 +266,15 @@ impl RealClientConfig {
             socket,
             allowed_uids,
             global_segment_size,
-            max_dummy_shm_size: flags.size("max_dummy_shm_size")?.unwrap_or(u64::MAX),
+            max_dummy_shm_size: flags
+                .size("max_dummy_shm_size")?
+                .unwrap_or_else(physical_memory),
+            max_total_dummy_shm_size: flags
+                .size("max_total_dummy_shm_size")?
+                .unwrap_or_else(physical_memory),
+            max_dummy_sessions: flags
+                .number("max_dummy_sessions")?
+                .unwrap_or(DEFAULT_MAX_DUMMY_SESSIONS),
             threads: flags.number("threads")?.unwrap_or(0),
             tenant_id: tenant_flag(flags)?,
             master_address,
@@ -411,6 +425,28 @@ fn transfer_congestion(flags: &ParsedFlags) -> Result<crate::transfer::Congestio
         .unwrap_or_else(|| crate::transfer::tuning::DEFAULT_CONGESTION.into());
     crate::transfer::Congestion::parse(&name)
         .map_err(|reason| invalid("transfer_tcp_congestion", reason))
+}
+
+/// Most dummies attached at once unless `--max_dummy_sessions` says otherwise.
+pub const DEFAULT_MAX_DUMMY_SESSIONS: usize = 1024;
+
+/// This machine's physical memory in bytes (`MemTotal`), the default limit of shared
+/// memory dummies may register; 1 TiB when it cannot be read.
+pub fn physical_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("MemTotal:"))
+                .and_then(|rest| {
+                    rest.trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+        })
+        .map_or(1 << 40, |kib| kib.saturating_mul(1024))
 }
 
 #[cfg(test)]

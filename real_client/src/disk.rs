@@ -127,10 +127,27 @@ impl DiskTier {
     /// Reads `key`'s value into the start of `dest` (for a local reader: straight into
     /// its destination); returns the value's length. A corrupt record is dropped and
     /// reported as not found.
+    ///
+    /// `dest` may be a dummy's shared memory, which its owner can change while the
+    /// checksum is computed: a record that fails there is read again into private
+    /// memory and dropped only when it fails there too.
     pub fn read_into(&self, key: &str, dest: &mut [u8]) -> CodeResult<u64> {
         let plan = self.store.lock().locate(key).map_err(|e| code(&e))?;
-        plan.read_into(dest)
-            .map_err(|error| self.failed_read(key, &error))
+        match plan.read_into(dest) {
+            Err(StoreError::Corrupt(_)) => {
+                let mut private = self.staging.lease(plan.len())?;
+                let len = plan
+                    .read_into(&mut private)
+                    .map_err(|error| self.failed_read(key, &error))?;
+                let n = usize::try_from(len).map_err(|_| ErrorCode::INTERNAL_ERROR)?;
+                let (Some(to), Some(from)) = (dest.get_mut(..n), private.get(..n)) else {
+                    return Err(ErrorCode::INTERNAL_ERROR);
+                };
+                to.copy_from_slice(from);
+                Ok(len)
+            }
+            other => other.map_err(|error| self.failed_read(key, &error)),
+        }
     }
 
     /// Reads `key`'s value into a block of the staging buffer, leased until the
@@ -375,5 +392,66 @@ async fn write_or_nack(
     if let Err(code) = disk.write_bucket(master, client, &bucket).await {
         tracing::warn!(%code, objects = bucket.len(), "cannot write a bucket to the SSD tier");
         not_written.extend(bucket.into_iter().map(|(key, _)| (key, 0)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use mooncake_shm::SharedMemory;
+    use mooncake_shm::shared_memory::PageSize;
+
+    use super::*;
+
+    fn tier(dir: &std::path::Path) -> DiskTier {
+        let path = dir.to_string_lossy().into_owned();
+        let config = OffloadConfig::from_lookup(&|name| {
+            (name == "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH").then(|| path.clone())
+        })
+        .expect("config");
+        DiskTier::open(config).expect("opens").0
+    }
+
+    #[test]
+    fn a_destination_changed_during_the_read_does_not_get_a_healthy_object_dropped() {
+        let dir =
+            std::env::temp_dir().join(format!("mooncake-disk-scribble-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let disk = tier(&dir);
+        let value: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+        let objects: &[(&str, &[u8])] = &[("k", &value)];
+        let eviction = disk.store.lock().make_room(objects).expect("room");
+        disk.finish_and_write(eviction, objects).expect("written");
+
+        // The destination is shared memory a (hostile) owner keeps writing to.
+        let memory = Arc::new(
+            SharedMemory::create("scribbled", value.len() as u64, PageSize::Normal).expect("memfd"),
+        );
+        let dest = memory.slice(0, value.len() as u64).expect("slice");
+        let scribble = memory.slice(0, 4096).expect("slice");
+        let stop = Arc::new(AtomicBool::new(false));
+        let scribbler = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let junk = [0x5au8; 4096];
+                while !stop.load(Ordering::Relaxed) {
+                    scribble.write_from(&junk);
+                }
+            })
+        };
+        for _ in 0..50 {
+            let read = dest.fill_with(|bytes| disk.read_into("k", bytes));
+            assert_eq!(read, Ok(value.len() as u64));
+        }
+        stop.store(true, Ordering::Relaxed);
+        scribbler.join().expect("scribbler");
+
+        assert_eq!(disk.objects(), vec![("k".to_string(), value.len() as u64)]);
+        let mut check = vec![0u8; value.len()];
+        assert_eq!(disk.read_into("k", &mut check), Ok(value.len() as u64));
+        assert_eq!(check, value);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

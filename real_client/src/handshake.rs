@@ -43,6 +43,10 @@ pub struct ServerIdentity {
     pub segment_name: String,
     /// Most shared memory one dummy may register.
     pub max_mapped_bytes: u64,
+    /// Most shared memory all dummies together may register.
+    pub max_total_mapped_bytes: u64,
+    /// Most dummies attached at once.
+    pub max_sessions: usize,
 }
 
 /// What a finished handshake produced.
@@ -103,6 +107,15 @@ pub fn serve(
         ));
     }
     let session = match purpose {
+        Purpose::Session if sessions.count() >= identity.max_sessions => {
+            return Err(refuse(
+                stream,
+                format!(
+                    "too many dummies attached (limit {}, --max_dummy_sessions); close unused ones or raise the limit",
+                    identity.max_sessions
+                ),
+            ));
+        }
         Purpose::Session => Arc::new(Session::new(
             client_id,
             u32::try_from(peer.pid).unwrap_or(0),
@@ -131,7 +144,7 @@ pub fn serve(
     loop {
         match receive(stream)? {
             (DummyFrame::Register(registration), fds) => {
-                let answer = match register(&session, registration, fds, identity) {
+                let answer = match register(&session, registration, fds, identity, sessions) {
                     Ok(()) => RealFrame::Registered,
                     Err(reason) => RealFrame::Rejected(reason),
                 };
@@ -154,15 +167,20 @@ pub fn serve(
 }
 
 fn register(
-    session: &Session,
+    session: &Arc<Session>,
     registration: SegmentRegistration,
     fds: Vec<OwnedFd>,
     identity: &ServerIdentity,
+    sessions: &Sessions,
 ) -> Result<(), String> {
     let mut fds = fds.into_iter();
     let (Some(fd), None) = (fds.next(), fds.next()) else {
         return Err("a Register frame must carry exactly one memfd".into());
     };
+    // One registration at a time, so that the total is a hard limit; the other
+    // sessions' mappings are counted before this session's registry is locked.
+    let _registering = sessions.registering();
+    let others = sessions.mapped_bytes_except(session);
     let mut registry = session.registry().write();
     if registry.segment_count() >= MAX_SEGMENTS_PER_DUMMY {
         return Err(format!(
@@ -174,6 +192,12 @@ fn register(
         return Err(format!(
             "registering {} bytes would exceed the per-dummy limit of {} bytes (--max_dummy_shm_size)",
             registration.len, identity.max_mapped_bytes
+        ));
+    }
+    if others.saturating_add(total) > identity.max_total_mapped_bytes {
+        return Err(format!(
+            "registering {} bytes would exceed the limit of {} bytes for all dummies together (--max_total_dummy_shm_size)",
+            registration.len, identity.max_total_mapped_bytes
         ));
     }
     let memory = SharedMemory::map_received(fd, registration.len).map_err(|e| e.to_string())?;

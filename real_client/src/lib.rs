@@ -255,6 +255,8 @@ impl RealClient {
                 let master = Arc::new(MasterService::new(config.master.clone(), Clock::System));
                 let (embedded, secret) =
                     start_embedded_master(&config, &master, instance_id).await?;
+                // The transfer engines that join this master check its grants.
+                master.sign_transfers(Arc::clone(&secret));
                 (
                     MasterKind::Embedded(master),
                     Some(embedded),
@@ -297,6 +299,7 @@ impl RealClient {
             memory,
             id: AtomicU64::new(0),
             contributes,
+            name: config.segment_name(),
         });
         let disk = match config.offload.clone() {
             Some(mut settings) => Some(Arc::new({
@@ -341,6 +344,8 @@ impl RealClient {
                 instance_id,
                 segment_name,
                 max_mapped_bytes: config.max_dummy_shm_size,
+                max_total_mapped_bytes: config.max_total_dummy_shm_size,
+                max_sessions: config.max_dummy_sessions,
             },
             store: Store::new(
                 master,
@@ -392,6 +397,8 @@ impl RealClient {
             embedded_master_tcp = ?self.embedded_master.as_ref().and_then(|m| m.running.as_ref()).map(|r| r.rpc_address),
             protocol = "tcp",
             max_dummy_shm_size = %format_size(config.max_dummy_shm_size),
+            max_total_dummy_shm_size = %format_size(config.max_total_dummy_shm_size),
+            max_dummy_sessions = config.max_dummy_sessions,
             lease_ttl_ms = config.master.default_kv_lease_ttl.as_millis(),
             allowed_uids = ?config.allowed_uids,
             threads = config.threads,

@@ -57,6 +57,18 @@ impl From<MemSlice> for Region {
     }
 }
 
+/// `Ok` unless the dummy took pages of the shared memory under `slice` away (a copy
+/// touching it may have moved meaningless bytes): then `INVALID_PARAMS`, logged.
+fn intact(slice: &MemSlice) -> CodeResult<()> {
+    if slice.is_poisoned() {
+        tracing::warn!(
+            "a dummy's shared memory lost pages under its mapping (a hole punched in a hugetlb memfd?); requests naming it are refused"
+        );
+        return Err(ErrorCode::INVALID_PARAMS);
+    }
+    Ok(())
+}
+
 /// Logs a failed cross-memory copy; the code the request gets.
 fn failed(error: &CrossMemoryError) -> ErrorCode {
     tracing::warn!(%error, "a copy to or from a dummy's declared memory failed");
@@ -161,8 +173,9 @@ impl Region {
     pub fn copy_into(&self, dest: &MemSlice) -> CodeResult<()> {
         match self {
             Region::Mapped(slice) => {
+                intact(slice)?;
                 slice.copy_to(dest);
-                Ok(())
+                intact(slice)
             }
             Region::Process(range) => {
                 let dest = shorter(dest, range.len)?;
@@ -179,8 +192,9 @@ impl Region {
     pub fn fill_from(&self, source: &MemSlice) -> CodeResult<()> {
         match self {
             Region::Mapped(slice) => {
+                intact(slice)?;
                 source.copy_to(slice);
-                Ok(())
+                intact(slice)
             }
             Region::Process(range) => {
                 let source = shorter(source, range.len)?;
@@ -205,8 +219,9 @@ impl Region {
             .min(bytes.len());
         match self {
             Region::Mapped(slice) => {
+                intact(slice)?;
                 slice.write_from(&bytes[..len]);
-                Ok(())
+                intact(slice)
             }
             Region::Process(range) => range
                 .process

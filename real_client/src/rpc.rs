@@ -8,9 +8,10 @@ use tarpc::context::Context;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master::TaskInfo;
+use mooncake_core::protocol::bounded::Batch;
 use mooncake_core::protocol::rpc::{
-    Declaration, DeviceBufferDecl, GetItem, MemRange, PingReply, PutItem, PutSource, RangeRead,
-    RealClientRpc, StatusReport, WriteMode,
+    Declaration, DeviceBufferDecl, GetItem, MAX_INLINE_BYTES, MemRange, PingReply, PutItem,
+    PutSource, RangeRead, RealClientRpc, StatusReport, WriteMode,
 };
 use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig};
 
@@ -33,14 +34,22 @@ impl DummyHandler {
     /// The dummy's range in its shared memory or its declared memory; anything else is
     /// `INVALID_PARAMS`.
     fn translate(&self, range: MemRange) -> CodeResult<Region> {
-        self.session.region(range.addr, range.len).map_err(|error| {
+        let region = self.session.region(range.addr, range.len).map_err(|error| {
             tracing::warn!(
                 pid = self.session.pid,
                 %error,
                 "rejected a dummy range: neither in its shared memory nor wholly inside one range of memory it declared (usable across processes)"
             );
             ErrorCode::INVALID_PARAMS
-        })
+        })?;
+        if lost_pages(std::slice::from_ref(&region)) {
+            tracing::warn!(
+                pid = self.session.pid,
+                "rejected a dummy range: its shared memory lost pages under the mapping (a hole punched in a hugetlb memfd?)"
+            );
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        Ok(region)
     }
 
     /// True when `ranges` start in the dummy's staging buffer: the dummy copied their
@@ -81,7 +90,7 @@ impl DummyHandler {
                 if self.staged(ranges) {
                     self.state
                         .metrics
-                        .add_staged(ranges.iter().map(|r| r.len).sum());
+                        .add_staged(ranges.iter().fold(0u64, |sum, r| sum.saturating_add(r.len)));
                 }
                 Ok(Payload::Regions(regions))
             }
@@ -140,7 +149,9 @@ impl DummyHandler {
         for (item, result) in items.iter().zip(&results) {
             let bytes = match &item.source {
                 PutSource::Inline(b) => b.len() as u64,
-                PutSource::Shared(ranges) => ranges.iter().map(|r| r.len).sum(),
+                PutSource::Shared(ranges) => {
+                    ranges.iter().fold(0u64, |sum, r| sum.saturating_add(r.len))
+                }
             };
             let moved = if result.is_ok() { bytes } else { 0 };
             self.state.metrics.record(Op::Put, each, moved, result);
@@ -163,7 +174,15 @@ impl DummyHandler {
             }
         }
         let copied = self.state.store.get_scatter_many(&reads).await;
-        for (index, outcome) in positions.into_iter().zip(copied) {
+        for ((index, outcome), (_, dests)) in positions.into_iter().zip(copied).zip(&reads) {
+            // Pages taken away during the copy: the bytes that landed are meaningless.
+            let outcome = outcome.and_then(|len| {
+                if lost_pages(dests) {
+                    Err(ErrorCode::INVALID_PARAMS)
+                } else {
+                    Ok(len)
+                }
+            });
             if let Ok(len) = outcome
                 && self.staged(&items[index].dests)
             {
@@ -189,7 +208,14 @@ impl DummyHandler {
         }
         if !valid.is_empty() {
             let copied = self.state.store.get_ranges(&read.key, &valid).await;
-            for (index, result) in positions.into_iter().zip(copied) {
+            for ((index, result), (dest, _)) in positions.into_iter().zip(copied).zip(&valid) {
+                let result = result.and_then(|len| {
+                    if lost_pages(std::slice::from_ref(dest)) {
+                        Err(ErrorCode::INVALID_PARAMS)
+                    } else {
+                        Ok(len)
+                    }
+                });
                 if let Ok(len) = result
                     && self.session.in_staging(read.fragments[index].dest.addr)
                 {
@@ -200,6 +226,14 @@ impl DummyHandler {
         }
         results
     }
+}
+
+/// True when a region's shared memory lost pages under its mapping (see
+/// `SharedMemory::is_poisoned`).
+fn lost_pages(regions: &[Region]) -> bool {
+    regions
+        .iter()
+        .any(|region| region.mapped().is_some_and(|slice| slice.is_poisoned()))
 }
 
 /// True when some key appears twice.
@@ -217,9 +251,9 @@ impl RealClientRpc for DummyHandler {
         }
     }
 
-    async fn exist(self, _: Context, keys: Vec<String>) -> Vec<CodeResult<bool>> {
+    async fn exist(self, _: Context, keys: Batch<String>) -> Vec<CodeResult<bool>> {
         let started = Instant::now();
-        let results = self.state.store.master().exist(keys).await;
+        let results = self.state.store.master().exist(keys.into_inner()).await;
         self.record_all(Op::Exist, started, &results, |_| 0);
         results
     }
@@ -231,10 +265,11 @@ impl RealClientRpc for DummyHandler {
     async fn put(
         self,
         _: Context,
-        items: Vec<PutItem>,
+        items: Batch<PutItem>,
         config: ReplicateConfig,
         mode: WriteMode,
     ) -> Vec<CodeResult<()>> {
+        let items = items.into_inner();
         // A put to a remote master spans round trips: it runs to its end (put_end or
         // revoke) in a task of its own, so a request cancelled by its deadline or a closed
         // connection leaves no write holding segment space until the master's release
@@ -249,16 +284,16 @@ impl RealClientRpc for DummyHandler {
         self.put_to_end(items, config, mode).await
     }
 
-    async fn get(self, _: Context, items: Vec<GetItem>) -> Vec<CodeResult<u64>> {
+    async fn get(self, _: Context, items: Batch<GetItem>) -> Vec<CodeResult<u64>> {
         let started = Instant::now();
         let results = self.get_batch(&items).await;
         self.record_all(Op::Get, started, &results, |n| *n);
         results
     }
 
-    async fn get_ranges(self, _: Context, reads: Vec<RangeRead>) -> Vec<Vec<CodeResult<u64>>> {
+    async fn get_ranges(self, _: Context, reads: Batch<RangeRead>) -> Vec<Vec<CodeResult<u64>>> {
         let mut results = Vec::with_capacity(reads.len());
-        for read in &reads {
+        for read in reads.iter() {
             let started = Instant::now();
             let fragments = self.get_ranges_one(read).await;
             self.record_all(Op::GetRanges, started, &fragments, |n| *n);
@@ -270,9 +305,13 @@ impl RealClientRpc for DummyHandler {
     async fn replica_desc(
         self,
         _: Context,
-        keys: Vec<String>,
+        keys: Batch<String>,
     ) -> Vec<CodeResult<Vec<ReplicaDescriptor>>> {
-        self.state.store.master().replica_desc(keys).await
+        self.state
+            .store
+            .master()
+            .replica_desc(keys.into_inner())
+            .await
     }
 
     async fn remove_by_regex(self, _: Context, pattern: String, force: bool) -> CodeResult<u64> {
@@ -287,12 +326,12 @@ impl RealClientRpc for DummyHandler {
         self,
         _: Context,
         key: String,
-        targets: Vec<String>,
+        targets: Batch<String>,
     ) -> CodeResult<u128> {
         self.state
             .store
             .master()
-            .create_copy_task(key, targets, crate::random_id())
+            .create_copy_task(key, targets.into_inner(), crate::random_id())
             .await
     }
 
@@ -316,13 +355,22 @@ impl RealClientRpc for DummyHandler {
 
     async fn get_inline(self, _: Context, key: String) -> CodeResult<ByteBuf> {
         let bytes = self.state.store.get_bytes(&key).await?;
+        if bytes.len() as u64 > MAX_INLINE_BYTES {
+            // The reply would pass the frame limit: the dummy needs shared memory for it.
+            return Err(ErrorCode::NO_AVAILABLE_HANDLE);
+        }
         self.state.metrics.add_staged(bytes.len() as u64);
         Ok(ByteBuf::from(bytes))
     }
 
-    async fn remove(self, _: Context, keys: Vec<String>, force: bool) -> Vec<CodeResult<()>> {
+    async fn remove(self, _: Context, keys: Batch<String>, force: bool) -> Vec<CodeResult<()>> {
         let started = Instant::now();
-        let results = self.state.store.master().remove(keys, force).await;
+        let results = self
+            .state
+            .store
+            .master()
+            .remove(keys.into_inner(), force)
+            .await;
         self.record_all(Op::Remove, started, &results, |_| 0);
         results
     }
@@ -335,7 +383,7 @@ impl RealClientRpc for DummyHandler {
         self.state.status().await
     }
 
-    async fn declare_memory(self, _: Context, ranges: Vec<MemRange>) -> Declaration {
+    async fn declare_memory(self, _: Context, ranges: Batch<MemRange>) -> Declaration {
         self.session.declared().declare(&ranges)
     }
 

@@ -399,7 +399,9 @@ fn is_quick(request: &RealClientRpcRequest) -> bool {
         ),
         RealClientRpcRequest::Put { items, .. } => {
             moves_little(items.iter().map(|item| match &item.source {
-                PutSource::Shared(ranges) => ranges.iter().map(|r| r.len).sum(),
+                PutSource::Shared(ranges) => {
+                    ranges.iter().fold(0u64, |sum, r| sum.saturating_add(r.len))
+                }
                 PutSource::Inline(bytes) => bytes.len() as u64,
             }))
         }
@@ -451,6 +453,7 @@ fn handshake_blocking(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mooncake_core::protocol::bounded::Batch;
     use mooncake_core::protocol::rpc::{GetItem, MemRange, PutItem, WriteMode};
     use mooncake_core::types::ReplicateConfig;
 
@@ -462,7 +465,9 @@ mod tests {
                 dests: vec![MemRange { addr: 4096, len }],
             })
             .collect();
-        RealClientRpcRequest::Get { items }
+        RealClientRpcRequest::Get {
+            items: Batch(items),
+        }
     }
 
     #[test]
@@ -488,10 +493,10 @@ mod tests {
         assert!(!is_quick(&get(&[INLINE_COPY_LIMIT, 1])));
         assert!(!is_quick(&get(&[u64::MAX, u64::MAX])), "no overflow");
         let put = |len: usize| RealClientRpcRequest::Put {
-            items: vec![PutItem {
+            items: Batch(vec![PutItem {
                 key: "k".into(),
                 source: PutSource::Inline(serde_bytes::ByteBuf::from(vec![0; len])),
-            }],
+            }]),
             config: ReplicateConfig::default(),
             mode: WriteMode::Put,
         };

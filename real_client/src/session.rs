@@ -129,9 +129,37 @@ impl Session {
 #[derive(Debug, Default)]
 pub struct Sessions {
     by_id: Mutex<HashMap<u128, Arc<Session>>>,
+    /// Held while a segment is registered (see [`Sessions::registering`]).
+    registering: Mutex<()>,
 }
 
 impl Sessions {
+    /// Sessions attached now.
+    pub fn count(&self) -> usize {
+        self.by_id.lock().len()
+    }
+
+    /// Serializes registrations, so that a limit on the total mapped by every session
+    /// holds exactly.
+    pub fn registering(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.registering.lock()
+    }
+
+    /// Bytes of shared memory mapped for every session but `session`.
+    pub fn mapped_bytes_except(&self, session: &Arc<Session>) -> u64 {
+        let others: Vec<Arc<Session>> = self
+            .by_id
+            .lock()
+            .values()
+            .filter(|other| !Arc::ptr_eq(other, session))
+            .cloned()
+            .collect();
+        others
+            .iter()
+            .map(|other| other.registry().read().mapped_bytes())
+            .fold(0, u64::saturating_add)
+    }
+
     /// Adds a session, replacing a stale one with the same id.
     pub fn insert(&self, session: Arc<Session>) {
         self.by_id.lock().insert(session.client_id, session);

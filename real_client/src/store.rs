@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master::{PutStarted, TaskWork};
+use mooncake_core::protocol::grant::{Grant, GrantedRange};
 use mooncake_core::protocol::rpc::WriteMode;
 use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SegmentId};
 use mooncake_shm::MemSlice;
@@ -82,6 +83,7 @@ struct PeerWrite {
     endpoint: String,
     segment: u64,
     offset: u64,
+    grant: Option<GrantedRange>,
     source: MemSlice,
 }
 
@@ -94,11 +96,16 @@ enum Place<'a> {
         endpoint: &'a str,
         segment: u64,
         offset: u64,
+        /// The master's grant for the replica's whole range.
+        grant: Option<GrantedRange>,
     },
     /// On this node's SSD tier.
     LocalDisk,
     /// On a peer's SSD tier (its transfer engine reads it for us).
-    RemoteDisk { endpoint: &'a str },
+    RemoteDisk {
+        endpoint: &'a str,
+        grant: Option<Grant>,
+    },
 }
 
 /// Reads and writes objects through the master, the local segment and peers.
@@ -176,7 +183,10 @@ impl Store {
                 return Ok(if *segment_name == self.segment_name {
                     Place::LocalDisk
                 } else {
-                    Place::RemoteDisk { endpoint }
+                    Place::RemoteDisk {
+                        endpoint,
+                        grant: replica.grant,
+                    }
                 });
             }
         };
@@ -199,6 +209,11 @@ impl Store {
             endpoint,
             segment: *segment,
             offset: *offset,
+            grant: replica.grant.map(|grant| GrantedRange {
+                offset: *offset,
+                len: replica.size,
+                grant,
+            }),
         })
     }
 
@@ -225,6 +240,7 @@ impl Store {
                     endpoint,
                     segment,
                     offset,
+                    grant,
                 },
                 Payload::Regions(regions),
             ) => transfer_blocking(|| {
@@ -232,7 +248,7 @@ impl Store {
                 for region in regions {
                     // `write_replicas` bounced every region that is not mapped here.
                     let slice = region.mapped().ok_or(ErrorCode::INTERNAL_ERROR)?;
-                    self.transfers.write(endpoint, segment, at, slice)?;
+                    self.transfers.write(endpoint, segment, at, grant, slice)?;
                     at += region.len();
                 }
                 Ok(())
@@ -355,6 +371,7 @@ impl Store {
                         endpoint,
                         segment,
                         offset,
+                        grant,
                     },
                     Payload::Regions(regions),
                 ) => {
@@ -367,6 +384,7 @@ impl Store {
                             endpoint: endpoint.to_string(),
                             segment,
                             offset: at,
+                            grant,
                             source: slice.clone(),
                         });
                         at += region.len();
@@ -395,6 +413,7 @@ impl Store {
                 .map(|w| Transfer {
                     segment: w.segment,
                     offset: w.offset,
+                    grant: w.grant,
                     local: &w.source,
                 })
                 .collect();
@@ -541,6 +560,7 @@ impl Store {
                 endpoint,
                 segment,
                 offset,
+                grant,
             })) = planned.replicas.first().map(|r| self.place(r))
             else {
                 continue;
@@ -556,6 +576,7 @@ impl Store {
                 let transfer = Transfer {
                     segment,
                     offset: offset + at,
+                    grant,
                     local,
                 };
                 reads.push((index, transfer));
@@ -710,14 +731,17 @@ impl Store {
                     None => from_value(&disk.read_staged(stored_key)?),
                 })
             }
-            Place::RemoteDisk { endpoint } => transfer_blocking(|| {
+            Place::RemoteDisk { endpoint, grant } => transfer_blocking(|| {
                 self.remote_disk_reads
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 match whole {
-                    Some(dest) => self.transfers.read_disk_into(endpoint, stored_key, dest),
+                    Some(dest) => self
+                        .transfers
+                        .read_disk_into(endpoint, stored_key, grant, dest),
                     None => from_value(&self.transfers.read_disk(
                         endpoint,
                         stored_key,
+                        grant,
                         replica.size,
                     )?),
                 }
@@ -735,16 +759,20 @@ impl Store {
                 endpoint,
                 segment,
                 offset,
+                grant,
             } => transfer_blocking(|| {
                 pieces
                     .iter()
                     .try_for_each(|(at, dest)| match dest.mapped() {
-                        Some(slice) => self.transfers.read(endpoint, segment, offset + at, slice),
+                        Some(slice) => {
+                            self.transfers
+                                .read(endpoint, segment, offset + at, grant, slice)
+                        }
                         // Declared memory: received into a private buffer, then copied over.
                         None => {
                             let bounce = stage_zeroed(dest.len())?;
                             self.transfers
-                                .read(endpoint, segment, offset + at, &bounce)?;
+                                .read(endpoint, segment, offset + at, grant, &bounce)?;
                             dest.fill_from(&bounce)
                         }
                     })

@@ -27,6 +27,7 @@
 //! described there.
 
 pub mod cross_memory;
+mod fault_guard;
 pub mod fd_passing;
 mod parallel;
 pub mod pool;

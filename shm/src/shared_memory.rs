@@ -2,11 +2,14 @@
 
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use memmap2::MmapRaw;
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 
+use crate::fault_guard::{Guarded, guarded};
 use crate::{parallel, sys};
 
 /// Why shared memory could not be created or mapped.
@@ -100,6 +103,10 @@ impl PageSize {
 pub struct SharedMemory {
     backing: Backing,
     len: usize,
+    /// Page size of the mapping (a hugetlb memfd's huge page size).
+    page: usize,
+    /// Set when the peer took pages away under the mapping (see [`is_poisoned`](Self::is_poisoned)).
+    poisoned: AtomicBool,
 }
 
 /// What a [`SharedMemory`] is made of.
@@ -182,6 +189,8 @@ impl SharedMemory {
         Ok(SharedMemory {
             backing: Backing::Memfd { file, map },
             len: size,
+            page: usize::try_from(page.bytes()).unwrap_or(4096),
+            poisoned: AtomicBool::new(false),
         })
     }
 
@@ -195,7 +204,10 @@ impl SharedMemory {
             return Err(ShmError::NotSealed);
         }
         let file = File::from(fd);
-        let actual = file.metadata().map_err(ShmError::Inspect)?.len();
+        let metadata = file.metadata().map_err(ShmError::Inspect)?;
+        let actual = metadata.len();
+        // A hugetlb memfd reports its huge page size here.
+        let page = usize::try_from(metadata.blksize()).unwrap_or(4096);
         if actual < declared_len {
             return Err(ShmError::TooSmall {
                 declared: declared_len,
@@ -211,6 +223,8 @@ impl SharedMemory {
         Ok(SharedMemory {
             backing: Backing::Memfd { file, map },
             len,
+            page,
+            poisoned: AtomicBool::new(false),
         })
     }
 
@@ -231,6 +245,8 @@ impl SharedMemory {
                 base: base as *mut u8,
             },
             len: size,
+            page: 4096,
+            poisoned: AtomicBool::new(false),
         })
     }
 
@@ -238,6 +254,28 @@ impl SharedMemory {
         match &self.backing {
             Backing::Memfd { map, .. } => map.as_mut_ptr(),
             Backing::Borrowed { base } => *base,
+        }
+    }
+
+    /// True once a page of the mapping was found taken away by the peer that shared it
+    /// (a hole punched in a hugetlb memfd with no hugepage left to refill it): the
+    /// bytes of every copy since may be meaningless, and the mapping must not be used
+    /// again.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    /// The mapping as a guarded section names it (none for borrowed memory, which no
+    /// peer can take away).
+    fn guard(&self) -> Guarded {
+        match &self.backing {
+            Backing::Memfd { map, .. } => Guarded::new(
+                map.as_mut_ptr() as usize,
+                self.len,
+                self.page,
+                &self.poisoned,
+            ),
+            Backing::Borrowed { .. } => Guarded::NONE,
         }
     }
 
@@ -333,17 +371,18 @@ impl SharedMemory {
     }
 }
 
-/// Copies `len` bytes from `src` to `dst` like [`sys::copy_bytes`]; a long copy between
-/// ranges that do not overlap is split across threads ([`parallel`]).
+/// Copies `len` bytes from `src` to `dst` like [`sys::copy_bytes`], with SIGBUS inside
+/// `mappings` recovered ([`guarded`]); a long copy between ranges that do not overlap
+/// is split across threads ([`parallel`]).
 ///
 /// # Safety
 /// As for [`sys::copy_bytes`].
-unsafe fn copy_long(src: *const u8, dst: *mut u8, len: usize) {
+unsafe fn copy_long(src: *const u8, dst: *mut u8, len: usize, mappings: &[Guarded; 2]) {
     let (from, to) = (src.expose_provenance(), dst.expose_provenance());
     let overlap = from < to.saturating_add(len) && to < from.saturating_add(len);
     if overlap || len < 2 * parallel::MEMCPY_PIECE {
         // SAFETY: the caller's guarantee.
-        unsafe { sys::copy_bytes(src, dst, len) };
+        guarded(mappings, || unsafe { sys::copy_bytes(src, dst, len) });
         return;
     }
     let _ = parallel::split_copy(len, parallel::MEMCPY_PIECE, &|offset, piece| {
@@ -351,7 +390,9 @@ unsafe fn copy_long(src: *const u8, dst: *mut u8, len: usize) {
         let piece_dst: *mut u8 = std::ptr::with_exposed_provenance_mut(to + offset);
         // SAFETY: `offset..offset+piece` lies inside both of the caller's ranges, which
         // stay valid until `split_copy` returns.
-        unsafe { sys::copy_bytes(piece_src, piece_dst, piece) };
+        guarded(mappings, || unsafe {
+            sys::copy_bytes(piece_src, piece_dst, piece)
+        });
         Ok(())
     });
 }
@@ -411,24 +452,27 @@ impl MemSlice {
     /// Copies `min(self.len, dst.len)` bytes from this slice into `dst`; returns the count.
     pub fn copy_to(&self, dst: &MemSlice) -> usize {
         let len = self.len.min(dst.len);
+        let mappings = [self.mem.guard(), dst.mem.guard()];
         // SAFETY: both slices were bounds-checked against live mappings they keep alive.
-        unsafe { copy_long(self.ptr(), dst.ptr(), len) };
+        unsafe { copy_long(self.ptr(), dst.ptr(), len, &mappings) };
         len
     }
 
     /// Copies from ordinary memory into this slice; `src` must not be longer.
     pub fn write_from(&self, src: &[u8]) -> usize {
         let len = self.len.min(src.len());
+        let mappings = [self.mem.guard(), Guarded::NONE];
         // SAFETY: `src` is a valid slice; the destination was bounds-checked.
-        unsafe { copy_long(src.as_ptr(), self.ptr(), len) };
+        unsafe { copy_long(src.as_ptr(), self.ptr(), len, &mappings) };
         len
     }
 
     /// Copies this slice into ordinary memory; `dst` must not be longer.
     pub fn read_into(&self, dst: &mut [u8]) -> usize {
         let len = self.len.min(dst.len());
+        let mappings = [self.mem.guard(), Guarded::NONE];
         // SAFETY: `dst` is a valid mutable slice; the source was bounds-checked.
-        unsafe { copy_long(self.ptr(), dst.as_mut_ptr(), len) };
+        unsafe { copy_long(self.ptr(), dst.as_mut_ptr(), len, &mappings) };
         len
     }
 
@@ -460,7 +504,14 @@ impl MemSlice {
         // SAFETY: the range was bounds-checked against a mapping this slice keeps
         // alive; as for `write_from`, the range is this slice's holder's to write.
         let bytes = unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) };
-        fill(bytes)
+        guarded(&[self.mem.guard()], || fill(bytes))
+    }
+
+    /// True once the mapping this slice lies in was poisoned
+    /// ([`SharedMemory::is_poisoned`]): copies into or out of it may have moved
+    /// meaningless bytes.
+    pub fn is_poisoned(&self) -> bool {
+        self.mem.is_poisoned()
     }
 
     /// Copies this slice into a new vector.
@@ -485,6 +536,71 @@ impl MemSlice {
 mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
+
+    /// 2 MiB hugepages that are free and not reserved, from `/proc/meminfo`.
+    fn available_hugepages() -> u64 {
+        let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| rest.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        field("HugePages_Free:").saturating_sub(field("HugePages_Rsvd:"))
+    }
+
+    #[test]
+    fn a_peer_taking_hugepages_away_poisons_the_mapping_instead_of_ending_the_process() {
+        const HUGE: u64 = 2 << 20;
+        if available_hugepages() < 2 {
+            eprintln!(
+                "skipped: needs two free 2 MiB hugepages (echo 8 > /proc/sys/vm/nr_hugepages)"
+            );
+            return;
+        }
+        // The peer's memfd: two hugepages, sealed against shrinking, mapped here as a
+        // received segment.
+        let peer =
+            SharedMemory::create_with("peer", 2 * HUGE, PageSize::Huge2M, true).expect("hugepages");
+        let fd = peer.fd().expect("memfd").try_clone_to_owned().expect("dup");
+        let ours = Arc::new(SharedMemory::map_received(fd, 2 * HUGE).expect("map"));
+        let first = ours.slice(0, 4096).expect("in range");
+        let second = ours.slice(HUGE, 4096).expect("in range");
+        first.write_from(b"before");
+        // The peer punches a hole in its first page and takes every free hugepage, so
+        // that nothing can refill it.
+        // SAFETY: fallocate on a valid descriptor.
+        let punched = unsafe {
+            libc::fallocate(
+                peer.fd().expect("memfd").as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                HUGE as libc::off_t,
+            )
+        };
+        assert_eq!(punched, 0, "{}", std::io::Error::last_os_error());
+        let left = available_hugepages();
+        let _hog = (left > 0).then(|| {
+            SharedMemory::create_with("hog", left * HUGE, PageSize::Huge2M, true)
+                .expect("the remaining hugepages")
+        });
+
+        // Without the guard this copy raises SIGBUS and the test binary dies.
+        first.write_from(&[1u8; 4096]);
+        assert!(first.is_poisoned() && ours.is_poisoned());
+        let mut back = [0u8; 8];
+        assert_eq!(
+            first.read_into(&mut back),
+            8,
+            "the page is private memory now"
+        );
+        second.write_from(b"after");
+        assert_eq!(second.to_vec()[..5], *b"after");
+        assert!(
+            !peer.is_poisoned(),
+            "only the mapping that faulted is poisoned"
+        );
+    }
 
     #[test]
     fn create_seal_and_map_again() {

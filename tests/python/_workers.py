@@ -119,9 +119,10 @@ def staging(address, prefix):
         return store.status()["staged_bytes"]
 
     def step(name, expected_bytes, run, through_pool=False):
-        # `through_pool`: an object larger than the staging buffer is read into a block of
-        # the pool and copied from there: to the real client, a zero-copy read into pool
-        # memory (only the dummy's own count sees the copy).
+        # `through_pool`: an object larger than the staging buffer is read into (or
+        # written from) a block of the pool, copied there by the dummy: to the real
+        # client, a zero-copy transfer of pool memory (only the dummy's own count sees
+        # the copy).
         before, before_staged = copied(), staged()
         ok = bool(run())
         steps.append({
@@ -148,7 +149,8 @@ def staging(address, prefix):
     step("batch_get_into_multi_buffers", 8 * mb, multi_get)
     big = f"{prefix}-big"
     # 3 MiB: larger than the whole staging buffer.
-    step("put_from larger than staging", 3 * mb, lambda: store.put_from(big, s + mb, 3 * mb) == 0)
+    # Copied into a block of the pool (as reads of such objects are), not sent inline.
+    step("put_from larger than staging", 3 * mb, lambda: store.put_from(big, s + mb, 3 * mb) == 0, through_pool=True)
 
     def get_big():
         dst[:] = 0

@@ -254,7 +254,12 @@ fn puts_cancelled_by_their_deadline_leave_no_write_holding_space() {
                 }]),
             };
             let _ = client
-                .put(ctx, vec![item], ReplicateConfig::default(), WriteMode::Put)
+                .put(
+                    ctx,
+                    vec![item].into(),
+                    ReplicateConfig::default(),
+                    WriteMode::Put,
+                )
                 .await;
         }
         // Every write the master started is ended or revoked within moments, not held
@@ -274,4 +279,154 @@ fn puts_cancelled_by_their_deadline_leave_no_write_holding_space() {
         in_progress
     });
     assert_eq!(in_progress, 0, "writes left in progress");
+}
+
+/// Sends `keys` in one `exist` request on a session opened by hand; the answer.
+fn raw_exist(stream: UnixStream, keys: Vec<String>) -> Result<usize, tarpc::client::RpcError> {
+    use mooncake_core::protocol::codec;
+    use mooncake_core::protocol::rpc::RealClientRpcClient;
+    use mooncake_core::protocol::unix_stream::RpcUnixStream;
+
+    stream.set_read_timeout(None).expect("blocking reads");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let transport = codec::transport(RpcUnixStream::new(stream).expect("rpc stream"));
+        let client = RealClientRpcClient::new(tarpc::client::Config::default(), transport).spawn();
+        client
+            .exist(tarpc::context::current(), keys.into())
+            .await
+            .map(|answers| answers.len())
+    })
+}
+
+#[test]
+fn requests_over_the_element_budget_or_the_frame_limit_close_only_their_connection() {
+    let real = RealClientProcess::start("256MB", &[]);
+
+    // 300 000 one-byte keys in one request: refused before they are decoded.
+    let memory = SharedMemory::create("budget_pool", 1 << 20, PageSize::Normal).expect("shm");
+    let stream = open_session(&real.address(), &memory);
+    let keys: Vec<String> = (0..300_000u32)
+        .map(|i| char::from(b'a' + (i % 26) as u8).to_string())
+        .collect();
+    assert!(
+        raw_exist(stream, keys).is_err(),
+        "a request of 300 000 keys was answered"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || memfd_mappings(
+            real.pid(),
+            "budget_pool"
+        ) == 0),
+        "the refused session's memory is still mapped"
+    );
+    // Within the budget the same request is answered.
+    let memory = SharedMemory::create("small_pool", 1 << 20, PageSize::Normal).expect("shm");
+    let stream = open_session(&real.address(), &memory);
+    let keys: Vec<String> = (0..1000).map(|i| format!("k{i}")).collect();
+    assert_eq!(raw_exist(stream, keys).expect("answered"), 1000);
+
+    // A frame announcing 1 GiB: the connection is closed, nothing is allocated for it.
+    let memory = SharedMemory::create("frame_pool", 1 << 20, PageSize::Normal).expect("shm");
+    let mut stream = open_session(&real.address(), &memory);
+    stream
+        .write_all(&(1u32 << 30).to_be_bytes())
+        .expect("prefix");
+    let _ = stream.write_all(&[0u8; 4096]);
+    assert!(
+        eventually(Duration::from_secs(5), || memfd_mappings(
+            real.pid(),
+            "frame_pool"
+        ) == 0),
+        "the session that sent an oversized frame is still attached"
+    );
+
+    // A dummy's own batch larger than the budget is split, and a value larger than its
+    // staging buffer and the frame limit goes through its pool.
+    let dummy = DummyClient::setup_dummy(4 << 20, 1 << 20, Some(&real.address())).expect("dummy");
+    let keys: Vec<String> = (0..300_000).map(|i| format!("key-{i}")).collect();
+    let answers = dummy.batch_is_exist(&keys);
+    assert_eq!(answers.len(), keys.len());
+    assert!(answers.iter().all(|answer| *answer == Ok(false)));
+    let value: Vec<u8> = (0..100u32 << 20).map(|i| (i % 253) as u8).collect();
+    let config = ReplicateConfig::default();
+    dummy.put("large", &value, &config).expect("a 100 MiB put");
+    assert!(dummy.get("large").expect("a 100 MiB get") == value);
+}
+
+#[test]
+fn dummies_and_their_shared_memory_are_capped_per_process() {
+    let real = RealClientProcess::start(
+        "64MB",
+        &["--max_dummy_sessions=2", "--max_total_dummy_shm_size=20MB"],
+    );
+    let address = real.address();
+    let first = DummyClient::setup_dummy(8 << 20, 1 << 20, Some(&address)).expect("first");
+    let second = DummyClient::setup_dummy(8 << 20, 1 << 20, Some(&address)).expect("second");
+    let third = DummyClient::setup_dummy(1 << 20, 1 << 20, Some(&address))
+        .expect_err("a third dummy past --max_dummy_sessions=2");
+    assert!(
+        third.to_string().contains("too many dummies attached"),
+        "{third}"
+    );
+    second.close();
+    assert!(
+        eventually(Duration::from_secs(5), || first
+            .status()
+            .is_ok_and(|s| s.dummies.len() == 1)),
+        "the closed dummy is still listed"
+    );
+    // 9 MiB mapped for the first; 13 more would pass 20 MB for all together.
+    let greedy = DummyClient::setup_dummy(12 << 20, 1 << 20, Some(&address))
+        .expect_err("past --max_total_dummy_shm_size");
+    assert!(
+        greedy.to_string().contains("--max_total_dummy_shm_size"),
+        "{greedy}"
+    );
+    let modest = DummyClient::setup_dummy(1 << 20, 1 << 20, Some(&address)).expect("fits");
+    let block = modest.alloc_from_mem_pool(4096);
+    modest
+        .put_from("capped", block, 4096, &ReplicateConfig::default())
+        .expect("the admitted dummy works");
+    let value = first.get("capped").expect("and the first sees it");
+    assert_eq!(value.len(), 4096);
+}
+
+#[test]
+fn staging_of_a_call_lost_in_transport_is_not_reused() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    let real = RealClientProcess::start("64MB", &[]);
+    let dummy = DummyClient::setup_dummy(1 << 20, 16 << 20, Some(&real.address())).expect("dummy");
+    dummy
+        .put("warm", b"up", &ReplicateConfig::default())
+        .expect("a first put");
+    assert_eq!(dummy.withheld_staging_bytes(), 0);
+
+    // The real client stops while a put's bytes sit in staging, and dies before it
+    // answers: it might have been reading them still.
+    let pid = Pid::from_raw(i32::try_from(real.pid()).expect("pid"));
+    kill(pid, Signal::SIGSTOP).expect("stop");
+    let writer = {
+        let dummy = dummy.clone();
+        std::thread::spawn(move || {
+            dummy.put("lost", &vec![7u8; 8 << 20], &ReplicateConfig::default())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    kill(pid, Signal::SIGKILL).expect("kill");
+    let outcome = writer.join().expect("writer");
+    assert!(
+        outcome.is_err(),
+        "the put was acknowledged by a dead process"
+    );
+    assert_eq!(
+        dummy.withheld_staging_bytes(),
+        8 << 20,
+        "the lost call's staging block went back into use"
+    );
 }

@@ -746,10 +746,13 @@ pub async fn run(
     )
     .await?;
     match &config.cluster_secret {
-        Some(secret) => tracing::info!(
-            secret = secret.origin(),
-            "every master connection must prove cluster membership"
-        ),
+        Some(secret) => {
+            master.sign_transfers(Arc::clone(secret));
+            tracing::info!(
+                secret = secret.origin(),
+                "every master connection must prove cluster membership; replicas handed out carry transfer grants"
+            );
+        }
         None => tracing::warn!(
             rpc = %running.rpc_address,
             "no --cluster_secret_file: the master port is unauthenticated; anyone who can reach it can read, overwrite and wipe the store (see docs/security.md)"

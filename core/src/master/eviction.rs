@@ -126,6 +126,8 @@ impl MasterService {
     /// dead, releases space whose hold expired, discards writes left unfinished past
     /// the release timeout, and evicts when memory use passes the high watermark.
     pub fn maintenance(&self) -> MaintenanceReport {
+        self.maintenance_rounds
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let now = self.clock.now();
         let dead_clients = self.clients.take_expired(now, self.config.client_ttl);
         for client in &dead_clients {

@@ -131,6 +131,7 @@ pub fn describe(
             },
             size,
             status,
+            grant: None,
         })
         .collect()
 }

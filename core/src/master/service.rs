@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{CodeResult, ErrorCode};
 use crate::op_metrics::OpMetrics;
+use crate::protocol::auth::ClusterSecret;
+use crate::protocol::grant::{Access, Scope, now_secs};
 use crate::tenant::{Tenant, validate_stored_key};
 use crate::types::{ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentId, SoftPinAction};
 
@@ -46,6 +48,9 @@ pub struct MasterStats {
     pub evicted_objects: u64,
     /// Objects with a copy on a real client's SSD tier.
     pub objects_on_disk: u64,
+    /// Maintenance passes (eviction, lease and client expiry, task timeouts) run since
+    /// start: one every 50 ms, by the master's one maintenance task.
+    pub maintenance_rounds: u64,
 }
 
 pub(super) type Shard = Mutex<HashMap<Box<str>, ObjectEntry>>;
@@ -75,11 +80,15 @@ pub struct MasterService {
     tasks: TaskTable,
     pub(super) clients: ClientTable,
     pub(super) evicted_objects: AtomicU64,
+    /// Maintenance passes run (see [`MasterStats::maintenance_rounds`]).
+    pub(super) maintenance_rounds: AtomicU64,
     placement_seed: AtomicU64,
     write_ids: AtomicU64,
     rpc_metrics: OpMetrics,
     disk: Box<[offload::DiskShard]>,
     offload: offload::OffloadQueues,
+    /// Signs the replicas handed out (see [`sign_transfers`](MasterService::sign_transfers)).
+    grants: std::sync::OnceLock<Arc<ClusterSecret>>,
 }
 
 impl std::fmt::Debug for MasterService {
@@ -111,12 +120,52 @@ impl MasterService {
             tasks: TaskTable::default(),
             clients: ClientTable::default(),
             evicted_objects: AtomicU64::new(0),
+            maintenance_rounds: AtomicU64::new(0),
             placement_seed: AtomicU64::new(0),
             write_ids: AtomicU64::new(0),
             rpc_metrics: OpMetrics::new("master", super::server::RPC_NAMES),
             disk,
             offload: Mutex::new(HashMap::new()),
+            grants: std::sync::OnceLock::new(),
         }
+    }
+
+    /// From now on, signs every replica it hands out with a transfer grant under
+    /// `secret` (`protocol::grant`): the cluster's transfer engines, which authenticate
+    /// with the same secret, serve only granted transfers. Set once, at startup.
+    pub fn sign_transfers(&self, secret: Arc<ClusterSecret>) {
+        let _ = self.grants.set(secret);
+    }
+
+    /// `replicas` of `key` with grants of `access` for `ttl` from now (unchanged when
+    /// grants are off).
+    pub(super) fn granted(
+        &self,
+        key: &str,
+        mut replicas: Vec<ReplicaDescriptor>,
+        access: Access,
+        ttl: Duration,
+    ) -> Vec<ReplicaDescriptor> {
+        let Some(secret) = self.grants.get() else {
+            return replicas;
+        };
+        let expires = now_secs().saturating_add(ttl.as_secs()).saturating_add(1);
+        for replica in &mut replicas {
+            let scope = match &replica.location {
+                crate::types::ReplicaLocation::Memory {
+                    segment, offset, ..
+                } => Scope::Memory {
+                    segment: *segment,
+                    offset: *offset,
+                    len: replica.size,
+                },
+                crate::types::ReplicaLocation::Disk { segment_name, .. } => {
+                    Scope::Disk { segment_name, key }
+                }
+            };
+            replica.grant = Some(secret.grant(access, &scope, expires));
+        }
+        replicas
     }
 
     /// Counters of the calls served over the network (see `server`).
@@ -244,6 +293,15 @@ impl MasterService {
         config: &ReplicateConfig,
     ) -> CodeResult<PutStarted> {
         self.write_start(key, size, config, false)
+            .map(|started| self.write_granted(key, started))
+    }
+
+    /// A started write's replicas with write grants until it is discarded.
+    fn write_granted(&self, key: &str, mut started: PutStarted) -> PutStarted {
+        let replicas = std::mem::take(&mut started.replicas);
+        let ttl = self.config.put_start_release_timeout;
+        started.replicas = self.granted(key, replicas, Access::Write, ttl);
+        started
     }
 
     /// Starts an upsert: like [`put_start`](Self::put_start), but an existing object is
@@ -257,6 +315,7 @@ impl MasterService {
         config: &ReplicateConfig,
     ) -> CodeResult<PutStarted> {
         self.write_start(key, size, config, true)
+            .map(|started| self.write_granted(key, started))
     }
 
     fn write_start(
@@ -489,7 +548,8 @@ impl MasterService {
                     .map(|v| v.descriptors(ReplicaStatus::Complete))
                     .unwrap_or_default();
                 entry.grant_lease(self.clock.now() + ttl);
-                Ok((descriptors, ttl))
+                drop(shard);
+                Ok((self.granted(key, descriptors, Access::Read, ttl), ttl))
             }
             found => {
                 let code = if found.is_some() {
@@ -500,7 +560,7 @@ impl MasterService {
                 drop(shard);
                 // Only on disk: the owner reads it for the caller.
                 let disk = self.disk_descriptor(key).ok_or(code)?;
-                Ok((vec![disk], ttl))
+                Ok((self.granted(key, vec![disk], Access::Read, ttl), ttl))
             }
         }
     }
@@ -519,12 +579,13 @@ impl MasterService {
             })
         };
         let disk = self.disk_descriptor(key);
+        let ttl = self.config.default_kv_lease_ttl;
         match (memory, disk) {
             (Some(Some(mut replicas)), disk) => {
                 replicas.extend(disk);
-                Ok(replicas)
+                Ok(self.granted(key, replicas, Access::Read, ttl))
             }
-            (_, Some(disk)) => Ok(vec![disk]),
+            (_, Some(disk)) => Ok(self.granted(key, vec![disk], Access::Read, ttl)),
             (Some(None), None) => Err(ErrorCode::REPLICA_IS_NOT_READY),
             (None, None) => Err(ErrorCode::OBJECT_NOT_FOUND),
         }
@@ -683,6 +744,7 @@ impl MasterService {
             segments: self.segments.usage(),
             clients: self.clients.count() as u64,
             evicted_objects: self.evicted_objects.load(Ordering::Relaxed),
+            maintenance_rounds: self.maintenance_rounds.load(Ordering::Relaxed),
             ..MasterStats::default()
         };
         for shard in self.shards.iter() {

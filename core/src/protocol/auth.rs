@@ -191,24 +191,30 @@ impl ClusterSecret {
         &self.origin
     }
 
-    fn sign(&self, role: &[u8], channel: u8, client: &[u8], server: &[u8]) -> hmac::Tag {
+    /// The MAC of the concatenation of `parts` (each caller starts with its own label).
+    pub(crate) fn mac(&self, parts: &[&[u8]]) -> hmac::Tag {
         let mut context = hmac::Context::with_key(&self.key);
-        context.update(b"mooncake-auth-v1 ");
-        context.update(role);
-        context.update(&[channel]);
-        context.update(client);
-        context.update(server);
+        for part in parts {
+            context.update(part);
+        }
         context.sign()
     }
 
+    /// True when `mac` is the MAC of the concatenation of `parts` (compared in constant
+    /// time).
+    pub(crate) fn verify_mac(&self, parts: &[&[u8]], mac: &[u8]) -> bool {
+        hmac::verify(&self.key, &parts.concat(), mac).is_ok()
+    }
+
+    fn sign(&self, role: &[u8], channel: u8, client: &[u8], server: &[u8]) -> hmac::Tag {
+        self.mac(&[b"mooncake-auth-v1 ", role, &[channel], client, server])
+    }
+
     fn verify(&self, role: &[u8], channel: u8, client: &[u8], server: &[u8], mac: &[u8]) -> bool {
-        let mut message = Vec::with_capacity(32 + 2 * NONCE_LEN);
-        message.extend_from_slice(b"mooncake-auth-v1 ");
-        message.extend_from_slice(role);
-        message.push(channel);
-        message.extend_from_slice(client);
-        message.extend_from_slice(server);
-        hmac::verify(&self.key, &message, mac).is_ok()
+        self.verify_mac(
+            &[b"mooncake-auth-v1 ", role, &[channel], client, server],
+            mac,
+        )
     }
 }
 

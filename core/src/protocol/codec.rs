@@ -7,8 +7,12 @@ use std::pin::Pin;
 use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
-/// Largest RPC frame accepted (requests with inline payloads included).
-pub const MAX_RPC_FRAME: usize = 1 << 31;
+use super::bounded;
+
+/// Largest RPC frame accepted (requests and replies with inline payloads included):
+/// longer frames close the connection before their bytes are read. Payloads that do
+/// not fit travel through shared memory (see `rpc::MAX_INLINE_BYTES`).
+pub const MAX_RPC_FRAME: usize = 64 << 20;
 
 /// Marks the item types without owning them (so the codec is `Send` and `Sync`).
 type Items<In, Out> = PhantomData<(fn() -> In, fn(Out))>;
@@ -23,7 +27,8 @@ pub const MAX_REQUEST_DEADLINE_SECS: u64 = 3600;
 pub struct PostcardCodec<In, Out> {
     items: Items<In, Out>,
     /// The incoming items are tarpc `ClientMessage`s (this end serves): their
-    /// deadlines are clamped to [`MAX_REQUEST_DEADLINE_SECS`] before decoding.
+    /// deadlines are clamped to [`MAX_REQUEST_DEADLINE_SECS`] before decoding, and
+    /// their lists are decoded within [`bounded::MAX_REQUEST_ELEMENTS`].
     clamp_deadlines: bool,
 }
 
@@ -60,13 +65,20 @@ impl<In: for<'de> Deserialize<'de>, Out> tokio_serde::Deserializer<In> for Postc
     type Error = io::Error;
 
     fn deserialize(self: Pin<&mut Self>, src: &BytesMut) -> Result<In, Self::Error> {
-        match self
-            .clamp_deadlines
-            .then(|| clamp_request_deadline(src))
-            .flatten()
-        {
-            Some(clamped) => decode(&clamped),
-            None => decode(src),
+        if !self.clamp_deadlines {
+            return decode(src);
+        }
+        let (decoded, over) =
+            bounded::with_budget(
+                bounded::MAX_REQUEST_ELEMENTS,
+                || match clamp_request_deadline(src) {
+                    Some(clamped) => decode(&clamped),
+                    None => decode(src),
+                },
+            );
+        match over {
+            Some(over) => Err(io::Error::new(io::ErrorKind::InvalidData, over)),
+            None => decoded,
         }
     }
 }
@@ -395,30 +407,44 @@ mod tests {
                 );
             prop_oneof![
                 Just(()).prop_map(|()| RealClientRpcRequest::Ping {}),
-                keys().prop_map(|keys| RealClientRpcRequest::Exist { keys }),
+                keys().prop_map(|keys| RealClientRpcRequest::Exist { keys: keys.into() }),
                 key().prop_map(|key| RealClientRpcRequest::ObjectSize { key }),
                 (proptest::collection::vec(put_item, 0..3), config(), mode()).prop_map(
                     |(items, config, mode)| RealClientRpcRequest::Put {
-                        items,
+                        items: items.into(),
                         config,
                         mode
                     }
                 ),
-                proptest::collection::vec(get_item, 0..3)
-                    .prop_map(|items| RealClientRpcRequest::Get { items }),
-                proptest::collection::vec(read, 0..3)
-                    .prop_map(|reads| RealClientRpcRequest::GetRanges { reads }),
+                proptest::collection::vec(get_item, 0..3).prop_map(|items| {
+                    RealClientRpcRequest::Get {
+                        items: items.into(),
+                    }
+                }),
+                proptest::collection::vec(read, 0..3).prop_map(|reads| {
+                    RealClientRpcRequest::GetRanges {
+                        reads: reads.into(),
+                    }
+                }),
                 (key(), any::<bool>()).prop_map(|(pattern, force)| {
                     RealClientRpcRequest::RemoveByRegex { pattern, force }
                 }),
                 (key(), keys()).prop_map(|(key, targets)| {
-                    RealClientRpcRequest::CreateCopyTask { key, targets }
+                    RealClientRpcRequest::CreateCopyTask {
+                        key,
+                        targets: targets.into(),
+                    }
                 }),
                 any::<u128>().prop_map(|id| RealClientRpcRequest::QueryTask { id }),
-                (keys(), any::<bool>())
-                    .prop_map(|(keys, force)| RealClientRpcRequest::Remove { keys, force }),
-                proptest::collection::vec(range(), 0..4)
-                    .prop_map(|ranges| RealClientRpcRequest::DeclareMemory { ranges }),
+                (keys(), any::<bool>()).prop_map(|(keys, force)| RealClientRpcRequest::Remove {
+                    keys: keys.into(),
+                    force,
+                }),
+                proptest::collection::vec(range(), 0..4).prop_map(|ranges| {
+                    RealClientRpcRequest::DeclareMemory {
+                        ranges: ranges.into(),
+                    }
+                }),
                 any::<u64>().prop_map(|addr| RealClientRpcRequest::ForgetMemory { addr }),
                 device.prop_map(|buffer| RealClientRpcRequest::DeclareDevice { buffer }),
             ]

@@ -8,7 +8,7 @@ use crate::protocol::rpc::WriteMode;
 use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 /// Version of the master protocol; clients and master must agree exactly.
-pub const MASTER_PROTOCOL_VERSION: u32 = 6;
+pub const MASTER_PROTOCOL_VERSION: u32 = 7;
 
 /// Most items one batch call may carry; a larger batch is refused with
 /// `INVALID_PARAMS` for every item (clients split their batches at this size).

@@ -8,9 +8,11 @@
 pub mod address;
 pub mod auth;
 pub mod blocking;
+pub mod bounded;
 pub mod codec;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
+pub mod grant;
 pub mod handshake;
 pub mod master_rpc;
 pub mod rpc;
@@ -18,4 +20,4 @@ pub mod serving;
 pub mod unix_stream;
 
 /// Version of the dummy ↔ real protocol; both sides must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;

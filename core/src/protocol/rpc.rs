@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
+use super::bounded::{self, Batch, Elements};
 use crate::error::CodeResult;
 use crate::master::{MasterStats, TaskInfo};
 use crate::types::{ReplicaDescriptor, ReplicateConfig};
@@ -19,6 +20,11 @@ use crate::types::{ReplicaDescriptor, ReplicateConfig};
 pub const CONTROL_DEADLINE: Duration = Duration::from_secs(30);
 /// Deadline for calls that move payload bytes (large batches included).
 pub const DATA_DEADLINE: Duration = Duration::from_secs(600);
+
+/// Most payload bytes one request or reply carries inline (below the frame limit,
+/// `codec::MAX_RPC_FRAME`, with room for keys and ranges). Larger values travel
+/// through shared memory: the staging buffer, else a block of the dummy's pool.
+pub const MAX_INLINE_BYTES: u64 = 48 << 20;
 
 /// Most ranges of ordinary memory one dummy may declare at a time
 /// ([`RealClientRpc::declare_memory`]); further ones are refused with
@@ -38,7 +44,7 @@ pub struct MemRange {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PutSource {
     /// Ranges of the dummy's shared memory, concatenated in order (zero-copy).
-    Shared(Vec<MemRange>),
+    Shared(#[serde(deserialize_with = "bounded::vec")] Vec<MemRange>),
     /// Bytes carried in the request (fallback when they fit no shared buffer).
     Inline(ByteBuf),
 }
@@ -67,6 +73,7 @@ pub struct GetItem {
     /// Object key.
     pub key: String,
     /// Destination ranges, filled in order; together at least the object's size.
+    #[serde(deserialize_with = "bounded::vec")]
     pub dests: Vec<MemRange>,
 }
 
@@ -85,6 +92,7 @@ pub struct RangeRead {
     /// Object key.
     pub key: String,
     /// The fragments to copy.
+    #[serde(deserialize_with = "bounded::vec")]
     pub fragments: Vec<Fragment>,
 }
 
@@ -194,33 +202,61 @@ pub struct StatusReport {
     pub device_handles: u64,
 }
 
-/// Calls a dummy makes to its real client.
+impl Elements for MemRange {
+    fn elements(&self) -> usize {
+        1
+    }
+}
+
+impl Elements for PutItem {
+    fn elements(&self) -> usize {
+        match &self.source {
+            PutSource::Shared(ranges) => 1 + ranges.len(),
+            PutSource::Inline(_) => 1,
+        }
+    }
+}
+
+impl Elements for GetItem {
+    fn elements(&self) -> usize {
+        1 + self.dests.len()
+    }
+}
+
+impl Elements for RangeRead {
+    fn elements(&self) -> usize {
+        1 + self.fragments.len()
+    }
+}
+
+/// Calls a dummy makes to its real client. Every list of a request counts against
+/// [`bounded::MAX_REQUEST_ELEMENTS`]; the dummy splits larger batches.
 #[tarpc::service]
 pub trait RealClientRpc {
     /// Health check; also reports master connectivity.
     async fn ping() -> PingReply;
     /// For each key: whether it exists (grants a read lease when it does).
-    async fn exist(keys: Vec<String>) -> Vec<CodeResult<bool>>;
+    async fn exist(keys: Batch<String>) -> Vec<CodeResult<bool>>;
     /// Size of an object.
     async fn object_size(key: String) -> CodeResult<u64>;
     /// Writes objects. With [`WriteMode::Put`] an existing key is left unchanged and
     /// reported as success; with [`WriteMode::Upsert`] it is replaced.
     async fn put(
-        items: Vec<PutItem>,
+        items: Batch<PutItem>,
         config: ReplicateConfig,
         mode: WriteMode,
     ) -> Vec<CodeResult<()>>;
     /// Reads objects into shared memory; each result is the object size.
     /// Destinations smaller than the object are `BUFFER_OVERFLOW`.
-    async fn get(items: Vec<GetItem>) -> Vec<CodeResult<u64>>;
+    async fn get(items: Batch<GetItem>) -> Vec<CodeResult<u64>>;
     /// Copies fragments of objects; one result (bytes copied or error) per fragment.
-    async fn get_ranges(reads: Vec<RangeRead>) -> Vec<Vec<CodeResult<u64>>>;
+    async fn get_ranges(reads: Batch<RangeRead>) -> Vec<Vec<CodeResult<u64>>>;
     /// Replica descriptors of objects (no lease is granted).
-    async fn replica_desc(keys: Vec<String>) -> Vec<CodeResult<Vec<ReplicaDescriptor>>>;
+    async fn replica_desc(keys: Batch<String>) -> Vec<CodeResult<Vec<ReplicaDescriptor>>>;
     /// Removes every object whose key matches a regular expression; returns how many.
     async fn remove_by_regex(pattern: String, force: bool) -> CodeResult<u64>;
     /// Starts copying an object to other segments; returns the task id.
-    async fn create_copy_task(key: String, targets: Vec<String>) -> CodeResult<u128>;
+    async fn create_copy_task(key: String, targets: Batch<String>) -> CodeResult<u128>;
     /// Starts moving an object between segments; returns the task id.
     async fn create_move_task(key: String, source: String, target: String) -> CodeResult<u128>;
     /// The state of a task.
@@ -228,7 +264,7 @@ pub trait RealClientRpc {
     /// Reads a whole object into the reply (fallback for values larger than staging).
     async fn get_inline(key: String) -> CodeResult<ByteBuf>;
     /// Removes objects (`OBJECT_HAS_LEASE` under a lease unless `force`).
-    async fn remove(keys: Vec<String>, force: bool) -> Vec<CodeResult<()>>;
+    async fn remove(keys: Batch<String>, force: bool) -> Vec<CodeResult<()>>;
     /// Removes every object; returns how many.
     async fn remove_all(force: bool) -> CodeResult<u64>;
     /// The real client's state: dummies, mappings, segment usage, object count.
@@ -238,7 +274,7 @@ pub trait RealClientRpc {
     /// address replaces the earlier one. At most [`MAX_DECLARED_RANGES`] per call and
     /// per session. The first declaration of a session probes whether the real client
     /// may reach the dummy's memory.
-    async fn declare_memory(ranges: Vec<MemRange>) -> Declaration;
+    async fn declare_memory(ranges: Batch<MemRange>) -> Declaration;
     /// Forgets the declared range starting at `addr` (its buffer was unregistered);
     /// `INVALID_PARAMS` when none starts there.
     async fn forget_memory(addr: u64) -> CodeResult<()>;

@@ -39,7 +39,14 @@ pub async fn serve_connection<C, S>(
         let request = match next {
             Ok(request) => request,
             Err(error) => {
-                tracing::debug!(%error, "connection closed on a channel error");
+                // Decoding errors (a frame over 64 MiB, a request over the element
+                // budget, bytes that are no request) are the peer's fault: said loudly.
+                let detail = format!("{error:?}");
+                if detail.contains("InvalidData") {
+                    tracing::warn!(%detail, "closed a connection that sent a frame it may not send (over a limit, or not a request)");
+                } else {
+                    tracing::debug!(%error, "connection closed on a channel error");
+                }
                 break;
             }
         };

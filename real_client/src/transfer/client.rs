@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::protocol::auth::{self, ClusterSecret};
+use mooncake_core::protocol::grant::{Grant, GrantedRange};
 use mooncake_shm::{MemSlice, Outgoing, send_vectored};
 
 use super::stream::BufferedStream;
@@ -22,7 +23,7 @@ const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// Idle connections kept per peer.
 const POOL_PER_PEER: usize = 8;
 /// Requests sent on one connection before their answers are read. The peer answers in
-/// order; a window's requests (32 bytes each) always fit in the socket buffers, so
+/// order; a window's requests (72 bytes each) always fit in the socket buffers, so
 /// neither side blocks the other.
 const PIPELINE_WINDOW: usize = 64;
 
@@ -33,6 +34,8 @@ pub struct Transfer<'a> {
     pub segment: u64,
     /// Offset in that segment.
     pub offset: u64,
+    /// The master's grant for the replica the range lies in (with a cluster secret).
+    pub grant: Option<GrantedRange>,
     /// The local memory: read from for a write, filled by a read.
     pub local: &'a MemSlice,
 }
@@ -103,33 +106,38 @@ impl TransferClient {
         }
     }
 
-    /// Copies `dest.len()` bytes at `offset` of the peer's segment into `dest`.
+    /// Copies `dest.len()` bytes at `offset` of the peer's segment into `dest`, under
+    /// the master's `grant`.
     pub fn read(
         &self,
         endpoint: &str,
         segment: u64,
         offset: u64,
+        grant: Option<GrantedRange>,
         dest: &MemSlice,
     ) -> CodeResult<()> {
         let transfer = Transfer {
             segment,
             offset,
+            grant,
             local: dest,
         };
         first(self.read_many(endpoint, &[transfer]))
     }
 
-    /// Copies `source` into the peer's segment at `offset`.
+    /// Copies `source` into the peer's segment at `offset`, under the master's `grant`.
     pub fn write(
         &self,
         endpoint: &str,
         segment: u64,
         offset: u64,
+        grant: Option<GrantedRange>,
         source: &MemSlice,
     ) -> CodeResult<()> {
         let transfer = Transfer {
             segment,
             offset,
+            grant,
             local: source,
         };
         first(self.write_many(endpoint, &[transfer]))
@@ -182,6 +190,7 @@ impl TransferClient {
                     segment: transfer.segment,
                     offset: transfer.offset,
                     len: transfer.local.len() as u64,
+                    grant: transfer.grant,
                 }
                 .encode()
             })
@@ -214,9 +223,15 @@ impl TransferClient {
     /// Reads the object stored under `key` on the peer's SSD tier, which the master
     /// says holds `expected` bytes (a peer announcing another length is refused before
     /// anything is allocated).
-    pub fn read_disk(&self, endpoint: &str, key: &str, expected: u64) -> CodeResult<Vec<u8>> {
+    pub fn read_disk(
+        &self,
+        endpoint: &str,
+        key: &str,
+        grant: Option<Grant>,
+        expected: u64,
+    ) -> CodeResult<Vec<u8>> {
         let mut value = Vec::new();
-        self.disk_request(endpoint, key, |stream, len| {
+        self.disk_request(endpoint, key, grant, |stream, len| {
             if len != expected {
                 tracing::warn!(
                     endpoint,
@@ -235,8 +250,14 @@ impl TransferClient {
 
     /// Reads the object stored under `key` on the peer's SSD tier straight into `dest`,
     /// which must be exactly its size.
-    pub fn read_disk_into(&self, endpoint: &str, key: &str, dest: &MemSlice) -> CodeResult<()> {
-        self.disk_request(endpoint, key, |stream, len| {
+    pub fn read_disk_into(
+        &self,
+        endpoint: &str,
+        key: &str,
+        grant: Option<Grant>,
+        dest: &MemSlice,
+    ) -> CodeResult<()> {
+        self.disk_request(endpoint, key, grant, |stream, len| {
             if len != dest.len() as u64 {
                 return Err(ErrorCode::TRANSFER_FAIL);
             }
@@ -250,6 +271,7 @@ impl TransferClient {
         &self,
         endpoint: &str,
         key: &str,
+        grant: Option<Grant>,
         receive: impl FnOnce(&mut BufferedStream, u64) -> CodeResult<()>,
     ) -> CodeResult<()> {
         let mut stream = self.checkout(endpoint)?;
@@ -258,6 +280,11 @@ impl TransferClient {
             segment: 0,
             offset: 0,
             len: key.len() as u64,
+            grant: grant.map(|grant| GrantedRange {
+                offset: 0,
+                len: 0,
+                grant,
+            }),
         };
         let header = request.encode();
         send_vectored(

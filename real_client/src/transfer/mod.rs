@@ -36,6 +36,9 @@ mod tests {
     use mooncake_shm::shared_memory::PageSize;
     use mooncake_shm::{MemSlice, SharedMemory};
 
+    use mooncake_core::protocol::auth::ClusterSecret;
+    use mooncake_core::protocol::grant::{Access, GrantedRange, Scope, now_secs};
+
     use super::client::Transfer;
     use super::server::ServedSegment;
     use super::{TransferClient, TransferServer};
@@ -47,17 +50,25 @@ mod tests {
     }
 
     fn serve(len: u64) -> (TransferServer, Arc<ServedSegment>) {
+        serve_with(len, None)
+    }
+
+    fn serve_with(
+        len: u64,
+        secret: Option<Arc<ClusterSecret>>,
+    ) -> (TransferServer, Arc<ServedSegment>) {
         let segment = Arc::new(ServedSegment {
             memory: memory(len),
             id: AtomicU64::new(SEGMENT_ID),
             contributes: true,
+            name: "transfer-test".into(),
         });
         let server = TransferServer::start(
             "127.0.0.1:0".parse().expect("address"),
             Arc::clone(&segment),
             None,
             super::Congestion::System,
-            None,
+            secret,
         )
         .expect("server");
         (server, segment)
@@ -80,6 +91,7 @@ mod tests {
             .map(|(i, local)| Transfer {
                 segment: SEGMENT_ID,
                 offset: i as u64 * len,
+                grant: None,
                 local,
             })
             .collect()
@@ -132,21 +144,25 @@ mod tests {
             Transfer {
                 segment: SEGMENT_ID,
                 offset: 0,
+                grant: None,
                 local: &sources[0],
             },
             Transfer {
                 segment: SEGMENT_ID + 1,
                 offset: 0,
+                grant: None,
                 local: &sources[1],
             },
             Transfer {
                 segment: SEGMENT_ID,
                 offset: (1 << 20) - 100,
+                grant: None,
                 local: &sources[1],
             },
             Transfer {
                 segment: SEGMENT_ID,
                 offset: 4096,
+                grant: None,
                 local: &sources[2],
             },
         ];
@@ -163,7 +179,100 @@ mod tests {
         let stored = segment.memory.slice(4096, 4096).expect("slice");
         assert_eq!(stored.to_vec(), sources[2].to_vec());
         let dest = memory(4096).slice(0, 4096).expect("slice");
-        assert_eq!(client.read(&endpoint, SEGMENT_ID, 0, &dest), Ok(()));
+        assert_eq!(client.read(&endpoint, SEGMENT_ID, 0, None, &dest), Ok(()));
         assert_eq!(dest.to_vec(), sources[0].to_vec());
+    }
+
+    #[test]
+    fn with_a_secret_only_transfers_the_master_granted_are_served() {
+        let secret = Arc::new(ClusterSecret::from_bytes(&[5; 32], "test"));
+        let (server, segment) = serve_with(1 << 20, Some(Arc::clone(&secret)));
+        let endpoint = server.address().to_string();
+        let client = TransferClient::new(super::Congestion::System, Some(Arc::clone(&secret)));
+        let source = memory(8192);
+        let bytes = patterned(&source, 0, 8192);
+        segment
+            .memory
+            .slice(65536, 8192)
+            .expect("slice")
+            .write_from(&[0xab; 8192]);
+        let granted = |access, offset, len| {
+            Some(GrantedRange {
+                offset,
+                len,
+                grant: secret.grant(
+                    access,
+                    &Scope::Memory {
+                        segment: SEGMENT_ID,
+                        offset,
+                        len,
+                    },
+                    now_secs() + 30,
+                ),
+            })
+        };
+        let write = granted(Access::Write, 4096, 8192);
+        assert_eq!(
+            client.write(&endpoint, SEGMENT_ID, 4096, write, &bytes),
+            Ok(())
+        );
+        let dest = memory(8192).slice(0, 8192).expect("slice");
+        let read = granted(Access::Read, 4096, 8192);
+        assert_eq!(
+            client.read(&endpoint, SEGMENT_ID, 4096, read, &dest),
+            Ok(())
+        );
+        assert_eq!(dest.to_vec(), bytes.to_vec());
+        // A member without a grant, or with one for other bytes, reaches nothing.
+        let other = memory(8192).slice(0, 8192).expect("slice");
+        assert_eq!(
+            client.read(&endpoint, SEGMENT_ID, 65536, None, &other),
+            Err(ErrorCode::ILLEGAL_CLIENT)
+        );
+        assert_eq!(
+            client.read(&endpoint, SEGMENT_ID, 65536, read, &other),
+            Err(ErrorCode::ILLEGAL_CLIENT)
+        );
+        assert_eq!(
+            client.write(&endpoint, SEGMENT_ID, 4096, read, &other),
+            Err(ErrorCode::ILLEGAL_CLIENT),
+            "a read grant does not allow writing"
+        );
+        let forged = read.map(|mut g| {
+            g.offset = 65536;
+            g
+        });
+        assert_eq!(
+            client.read(&endpoint, SEGMENT_ID, 65536, forged, &other),
+            Err(ErrorCode::ILLEGAL_CLIENT)
+        );
+        let expired = Some(GrantedRange {
+            offset: 4096,
+            len: 8192,
+            grant: secret.grant(
+                Access::Read,
+                &Scope::Memory {
+                    segment: SEGMENT_ID,
+                    offset: 4096,
+                    len: 8192,
+                },
+                1,
+            ),
+        });
+        assert_eq!(
+            client.read(&endpoint, SEGMENT_ID, 4096, expired, &other),
+            Err(ErrorCode::LEASE_EXPIRED)
+        );
+        assert!(other.to_vec().iter().all(|b| *b == 0), "nothing was sent");
+        assert!(
+            segment
+                .memory
+                .slice(65536, 8192)
+                .expect("slice")
+                .to_vec()
+                .iter()
+                .all(|b| *b == 0xab),
+            "nothing was written"
+        );
     }
 }

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use mooncake_core::protocol::auth::{self, ClusterSecret};
-
 use mooncake_core::error::ErrorCode;
+use mooncake_core::protocol::auth::{self, ClusterSecret};
+use mooncake_core::protocol::grant::{Access, GrantError, Scope, now_secs};
 use mooncake_shm::{MemSlice, Outgoing, SharedMemory, send_vectored};
 
 use super::stream::BufferedStream;
@@ -33,13 +33,16 @@ pub struct ServedSegment {
     /// False for a pure client (`--global_segment_size=0`): it mounts nothing and
     /// every object it writes lives on other nodes.
     pub contributes: bool,
+    /// The segment's name at the master (disk-read grants name it).
+    pub name: String,
 }
 
 impl TransferServer {
     /// Binds `bind` and serves `segment` (and `disk`, this node's SSD tier, when
     /// enabled) on background threads (one per connection, at most
     /// [`MAX_TRANSFER_CONNECTIONS`]), answering with `congestion`. With `secret`, a
-    /// peer must prove cluster membership before its first request.
+    /// peer must prove cluster membership before its first request, and every request
+    /// must carry the master's grant for the bytes it reaches (`protocol::grant`).
     pub fn start(
         bind: SocketAddr,
         segment: Arc<ServedSegment>,
@@ -76,7 +79,13 @@ impl TransferServer {
                         .spawn(move || {
                             let _slot = slot;
                             if admitted(&stream, secret.as_deref()) {
-                                serve_connection(stream, &segment, disk.as_deref());
+                                let served = Served {
+                                    segment: &segment,
+                                    disk: disk.as_deref(),
+                                    grants: secret.as_deref(),
+                                    warned: std::cell::Cell::new(false),
+                                };
+                                serve_connection(stream, &served);
                             }
                         });
                     if let Err(error) = spawned {
@@ -208,7 +217,75 @@ impl Outbox {
     }
 }
 
-fn serve_connection(stream: TcpStream, segment: &ServedSegment, disk: Option<&DiskTier>) {
+/// What one connection serves, and the secret grants are checked with (`None`: an
+/// unauthenticated cluster, no checks).
+struct Served<'a> {
+    segment: &'a ServedSegment,
+    disk: Option<&'a DiskTier>,
+    grants: Option<&'a ClusterSecret>,
+    /// A refusal was logged on this connection (later ones are not, so a peer cannot
+    /// flood the log).
+    warned: std::cell::Cell<bool>,
+}
+
+impl Served<'_> {
+    /// Checks a segment request against its grant; the code a refusal answers with.
+    fn check_grant(&self, request: &Request, peer: Option<SocketAddr>) -> Result<(), ErrorCode> {
+        let Some(secret) = self.grants else {
+            return Ok(());
+        };
+        let wanted = if request.op == Op::Write {
+            Access::Write
+        } else {
+            Access::Read
+        };
+        let checked = match &request.grant {
+            None => Err(GrantError::Missing),
+            Some(granted) => {
+                granted.check(secret, request.segment, request.offset, request.len, wanted)
+            }
+        };
+        checked.map_err(|error| self.refused(&error, peer))
+    }
+
+    /// Checks a disk read of `key` against its grant.
+    fn check_disk_grant(
+        &self,
+        request: &Request,
+        key: &str,
+        peer: Option<SocketAddr>,
+    ) -> Result<(), ErrorCode> {
+        let Some(secret) = self.grants else {
+            return Ok(());
+        };
+        let scope = Scope::Disk {
+            segment_name: &self.segment.name,
+            key,
+        };
+        let checked = match &request.grant {
+            None => Err(GrantError::Missing),
+            Some(granted) => secret.check_grant(&granted.grant, &scope, Access::Read, now_secs()),
+        };
+        checked.map_err(|error| self.refused(&error, peer))
+    }
+
+    /// Logs a refused grant (once per connection); the code the peer gets
+    /// (`LEASE_EXPIRED` for an expired one, `ILLEGAL_CLIENT` otherwise).
+    fn refused(&self, error: &GrantError, peer: Option<SocketAddr>) -> ErrorCode {
+        if self.warned.replace(true) {
+            tracing::debug!(?peer, %error, "refused a transfer the master did not grant");
+        } else {
+            tracing::warn!(?peer, %error, "refused a transfer the master did not grant (further refusals on this connection are not logged)");
+        }
+        match error {
+            GrantError::Expired => ErrorCode::LEASE_EXPIRED,
+            _ => ErrorCode::ILLEGAL_CLIENT,
+        }
+    }
+}
+
+fn serve_connection(stream: TcpStream, served: &Served<'_>) {
+    let peer = stream.peer_addr().ok();
     // Idle pooled connections may wait long between requests, but not forever; a
     // stalled peer mid-frame is dropped after the write timeout.
     let _ = stream.set_read_timeout(Some(TRANSFER_IDLE_TIMEOUT));
@@ -234,12 +311,12 @@ fn serve_connection(stream: TcpStream, segment: &ServedSegment, disk: Option<&Di
                 return;
             }
         };
-        let served = if request.op == Op::ReadDisk {
-            serve_disk_read(&mut stream, &mut outbox, disk, request.len)
+        let answered = if request.op == Op::ReadDisk {
+            serve_disk_read(&mut stream, &mut outbox, served, &request, peer)
         } else {
-            serve_request(&mut stream, &mut outbox, segment, request)
+            serve_request(&mut stream, &mut outbox, served, &request, peer)
         };
-        if served.is_err() || (outbox.is_full() && outbox.flush(stream.socket()).is_err()) {
+        if answered.is_err() || (outbox.is_full() && outbox.flush(stream.socket()).is_err()) {
             return;
         }
     }
@@ -259,14 +336,18 @@ fn next_request_ready(stream: &mut BufferedStream) -> std::io::Result<bool> {
 fn serve_request(
     stream: &mut BufferedStream,
     outbox: &mut Outbox,
-    segment: &ServedSegment,
-    request: Request,
+    served: &Served<'_>,
+    request: &Request,
+    peer: Option<SocketAddr>,
 ) -> std::io::Result<()> {
+    let segment = served.segment;
     let slice = if request.segment == segment.id.load(Ordering::Acquire) {
-        segment
-            .memory
-            .slice(request.offset, request.len)
-            .ok_or(ErrorCode::INVALID_PARAMS)
+        served.check_grant(request, peer).and_then(|()| {
+            segment
+                .memory
+                .slice(request.offset, request.len)
+                .ok_or(ErrorCode::INVALID_PARAMS)
+        })
     } else {
         Err(ErrorCode::SEGMENT_NOT_FOUND)
     };
@@ -292,13 +373,16 @@ fn serve_request(
 fn serve_disk_read(
     stream: &mut BufferedStream,
     outbox: &mut Outbox,
-    disk: Option<&DiskTier>,
-    key_len: u64,
+    served: &Served<'_>,
+    request: &Request,
+    peer: Option<SocketAddr>,
 ) -> std::io::Result<()> {
-    let mut key = vec![0u8; usize::try_from(key_len).unwrap_or(0)];
+    let mut key = vec![0u8; usize::try_from(request.len).unwrap_or(0)];
     std::io::Read::read_exact(stream, &mut key)?;
-    let value = match (disk, std::str::from_utf8(&key)) {
-        (Some(disk), Ok(key)) => disk.read_staged(key),
+    let value = match (served.disk, std::str::from_utf8(&key)) {
+        (Some(disk), Ok(key)) => served
+            .check_disk_grant(request, key, peer)
+            .and_then(|()| disk.read_staged(key)),
         (None, _) => Err(ErrorCode::OBJECT_NOT_FOUND),
         (_, Err(_)) => Err(ErrorCode::INVALID_KEY),
     };

@@ -3,11 +3,17 @@
 use std::io::Read;
 
 use mooncake_core::error::ErrorCode;
+use mooncake_core::protocol::grant::{Access, GRANT_MAC_LEN, Grant, GrantedRange};
 
-/// First bytes of every request.
-pub const MAGIC: [u8; 4] = *b"MCTE";
+/// First bytes of every request (the second version: requests carry grants).
+pub const MAGIC: [u8; 4] = *b"MCT2";
 /// Bytes of a request header.
-pub const REQUEST_LEN: usize = 32;
+pub const REQUEST_LEN: usize = 72;
+
+/// Flag: the request carries a grant.
+const HAS_GRANT: u8 = 1;
+/// Flag: the grant allows writing.
+const GRANT_WRITES: u8 = 2;
 /// Largest single transfer accepted (1 TiB).
 pub const MAX_TRANSFER: u64 = 1 << 40;
 
@@ -38,6 +44,9 @@ pub struct Request {
     pub offset: u64,
     /// Bytes to move.
     pub len: u64,
+    /// The master's grant for the replica this request reaches into (for
+    /// [`Op::ReadDisk`], the grant's range is empty: it names the key).
+    pub grant: Option<GrantedRange>,
 }
 
 /// Why a frame was rejected.
@@ -60,6 +69,17 @@ impl Request {
         frame[8..16].copy_from_slice(&self.segment.to_le_bytes());
         frame[16..24].copy_from_slice(&self.offset.to_le_bytes());
         frame[24..32].copy_from_slice(&self.len.to_le_bytes());
+        if let Some(granted) = &self.grant {
+            frame[5] = HAS_GRANT
+                | match granted.grant.access {
+                    Access::Read => 0,
+                    Access::Write => GRANT_WRITES,
+                };
+            frame[32..40].copy_from_slice(&granted.offset.to_le_bytes());
+            frame[40..48].copy_from_slice(&granted.len.to_le_bytes());
+            frame[48..56].copy_from_slice(&granted.grant.expires.to_le_bytes());
+            frame[56..72].copy_from_slice(&granted.grant.mac);
+        }
         frame
     }
 
@@ -79,11 +99,34 @@ impl Request {
             bytes.copy_from_slice(&frame[at..at + 8]);
             u64::from_le_bytes(bytes)
         };
+        let grant = match frame[5] {
+            0 if frame[32..].iter().all(|b| *b == 0) => None,
+            0 => return Err(WireError::Malformed("grant fields without a grant")),
+            flags if flags & !(HAS_GRANT | GRANT_WRITES) == 0 && flags & HAS_GRANT != 0 => {
+                let mut mac = [0u8; GRANT_MAC_LEN];
+                mac.copy_from_slice(&frame[56..72]);
+                Some(GrantedRange {
+                    offset: word(32),
+                    len: word(40),
+                    grant: Grant {
+                        access: if flags & GRANT_WRITES == 0 {
+                            Access::Read
+                        } else {
+                            Access::Write
+                        },
+                        expires: word(48),
+                        mac,
+                    },
+                })
+            }
+            _ => return Err(WireError::Malformed("unknown flags")),
+        };
         let request = Request {
             op,
             segment: word(8),
             offset: word(16),
             len: word(24),
+            grant,
         };
         if request.len > MAX_TRANSFER {
             return Err(WireError::Malformed("transfer larger than 1 TiB"));
@@ -145,8 +188,34 @@ mod tests {
             segment: 3,
             offset: 4096,
             len: 1 << 20,
+            grant: Some(GrantedRange {
+                offset: 0,
+                len: 2 << 20,
+                grant: Grant {
+                    access: Access::Write,
+                    expires: 77,
+                    mac: [9; GRANT_MAC_LEN],
+                },
+            }),
         };
         assert_eq!(Request::decode(&request.encode()).expect("valid"), request);
+        let ungranted = Request {
+            grant: None,
+            ..request
+        };
+        assert_eq!(
+            Request::decode(&ungranted.encode()).expect("valid"),
+            ungranted
+        );
+        let mut bad = ungranted.encode();
+        bad[60] = 1;
+        assert!(
+            Request::decode(&bad).is_err(),
+            "grant bytes without the flag"
+        );
+        let mut bad = request.encode();
+        bad[5] |= 4;
+        assert!(Request::decode(&bad).is_err(), "unknown flag");
         let mut bad = request.encode();
         bad[0] = b'X';
         assert!(Request::decode(&bad).is_err());
@@ -193,6 +262,25 @@ mod tests {
             })
         }
 
+        fn granted() -> impl Strategy<Value = GrantedRange> {
+            (
+                any::<u64>(),
+                any::<u64>(),
+                any::<bool>(),
+                any::<u64>(),
+                any::<[u8; GRANT_MAC_LEN]>(),
+            )
+                .prop_map(|(offset, len, writes, expires, mac)| GrantedRange {
+                    offset,
+                    len,
+                    grant: Grant {
+                        access: if writes { Access::Write } else { Access::Read },
+                        expires,
+                        mac,
+                    },
+                })
+        }
+
         /// A length anywhere, with the bounds of the decoder likely.
         fn len() -> impl Strategy<Value = u64> {
             prop_oneof![
@@ -222,9 +310,9 @@ mod tests {
                         request.op != Op::ReadDisk
                             || (1..=MAX_DISK_KEY).contains(&request.len)
                     );
-                    // The three bytes after the operation are padding, not read.
+                    // The two bytes after the flags are padding, not read.
                     let mut sent = frame;
-                    sent[5..8].fill(0);
+                    sent[6..8].fill(0);
                     prop_assert_eq!(request.encode(), sent);
                 }
             }
@@ -235,8 +323,9 @@ mod tests {
                 segment in any::<u64>(),
                 offset in any::<u64>(),
                 len in len(),
+                grant in proptest::option::of(granted()),
             ) {
-                let request = Request { op, segment, offset, len };
+                let request = Request { op, segment, offset, len, grant };
                 let valid = len <= MAX_TRANSFER
                     && (op != Op::ReadDisk || (1..=MAX_DISK_KEY).contains(&len));
                 let decoded = Request::decode(&request.encode());

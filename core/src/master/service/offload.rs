@@ -241,6 +241,7 @@ impl MasterService {
             },
             size: copy.size,
             status: ReplicaStatus::Complete,
+            grant: None,
         })
     }
 

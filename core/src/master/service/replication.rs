@@ -10,6 +10,7 @@ use std::time::Instant;
 use crate::error::{CodeResult, ErrorCode};
 use crate::master::objects::{StoredReplica, Version, describe};
 use crate::master::tasks::{TaskInfo, TaskKind, TaskRecord, TaskStatus, TaskWork};
+use crate::protocol::grant::Access;
 use crate::types::{ReplicaDescriptor, ReplicaStatus, SegmentId};
 
 use super::{MasterService, free_now};
@@ -194,12 +195,17 @@ impl MasterService {
         let targets: Vec<ReplicaDescriptor> =
             describe(&allocated, version.size, ReplicaStatus::Processing);
         self.tasks.start(id, allocated, now);
+        let ttl = self.config.processing_task_timeout;
+        let source = self
+            .granted(key, vec![source], Access::Read, ttl)
+            .pop()
+            .ok_or(ErrorCode::INTERNAL_ERROR)?;
         Ok(TaskWork {
             id,
             kind: info.kind,
             key: key.to_string(),
             source,
-            targets,
+            targets: self.granted(key, targets, Access::Write, ttl),
         })
     }
 
