@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use mooncake_core::master::{Clock, LOCAL_OWNER, MasterConfig, MasterService};
+use mooncake_core::master_api::LOCAL_OWNER;
 use mooncake_core::types::ReplicateConfig;
+use mooncake_master::{Clock, MasterConfig, MasterService};
 
 fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")

@@ -10,8 +10,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use mooncake_offload::backend::{Limits, StorageBackend, open_backend};
+use mooncake_offload::backend::{Limits, StorageBackend};
 use mooncake_offload::config::{BackendKind, OffloadConfig};
+use mooncake_offload::factory::open_backend;
 use mooncake_offload::io::IoEngine;
 
 /// Bytes moved per measurement.

@@ -11,8 +11,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mooncake_offload::backend::{Limits, open_backend};
+use mooncake_offload::backend::Limits;
 use mooncake_offload::config::{BackendKind, OffloadConfig};
+use mooncake_offload::factory::open_backend;
 use mooncake_offload::io::IoEngine;
 
 use crate::offload::{median, round_trip};

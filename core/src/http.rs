@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::master::MasterStats;
+use crate::master_api::MasterStats;
 
 /// Longest request line plus headers.
 pub const MAX_HEAD: usize = 8 * 1024;
@@ -335,7 +335,7 @@ pub fn stats_metrics(prefix: &str, stats: &MasterStats) -> String {
 #[cfg(test)]
 mod label_tests {
     use super::*;
-    use crate::master::SegmentUsage;
+    use crate::master_api::SegmentUsage;
 
     #[test]
     fn segment_names_cannot_break_or_forge_metric_lines() {

@@ -6,17 +6,20 @@
 //! * [`flags`], [`config_file`]: the gflags-compatible command-line parser both
 //!   binaries use, and flat JSON/YAML configuration files;
 //! * [`allocator`]: the range allocator behind segments and the dummy pool;
-//! * [`master`]: the master service as a library;
-//! * [`protocol`]: the dummy ↔ real client handshake and RPC definitions.
+//! * [`master_api`]: the master seam ([`Master`](master_api::Master)), its wire
+//!   values, and [`RemoteMaster`](master_api::RemoteMaster) (the master service itself
+//!   lives in the `mooncake-master` crate);
+//! * [`protocol`]: the dummy ↔ real client handshake and the RPC definitions;
+//! * [`ids`]: random identifiers of processes, clients and tasks.
 
 pub mod allocator;
 pub mod config_file;
 pub mod error;
 pub mod flags;
 pub mod http;
-pub mod http_metadata;
+pub mod ids;
 pub mod logging;
-pub mod master;
+pub mod master_api;
 pub mod op_metrics;
 pub mod process;
 pub mod protocol;

@@ -44,25 +44,12 @@ pub async fn stop_requested(stop: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = stop.wait_for(|stop| *stop).await;
 }
 
-/// Why parsing a command's flags gave nothing to run.
-#[derive(Debug)]
-pub enum NotRun {
-    /// `--help` (or `--version`, another flag that prints and exits): the text to print
-    /// on stdout (exit status 0).
-    Help(String),
-    /// The flags or the configuration are wrong: the one-line reason (exit status 2).
-    Invalid(String),
-}
-
-impl NotRun {
-    /// Why a configuration gave nothing to run: `stdout_text` when the flags asked for
-    /// text and an exit (`--help`, `--version`), else the error.
-    pub fn from_error(stdout_text: Option<&str>, error: &impl std::fmt::Display) -> Self {
-        match stdout_text {
-            Some(text) => NotRun::Help(text.to_string()),
-            None => NotRun::Invalid(error.to_string()),
-        }
-    }
+/// A command's configuration error, which may be no error at all: a flag that prints
+/// and exits (`--help`, `--version`) stops parsing the same way.
+pub trait ConfigFailure: std::fmt::Display {
+    /// The text to print on stdout (exit status 0) when a flag asked for it; `None`
+    /// for a real error (its one-line reason goes to stderr, exit status 2).
+    fn stdout_text(&self) -> Option<&str>;
 }
 
 /// Installs the logger of `settings`, then logs each upstream flag that was accepted
@@ -79,23 +66,20 @@ pub fn init_command_logging(
 }
 
 /// A long-running command (`mooncake_master`, `mooncake_client`): flags in, then serve
-/// until SIGINT or SIGTERM. [`command_main`] does the rest.
+/// until SIGINT or SIGTERM. [`command_main`] does the rest, the same for both.
 pub trait Command: Sized {
     /// The command's name, prefixed to every message on stderr.
     const NAME: &'static str;
+    /// Why the flags gave nothing to run.
+    type ConfigError: ConfigFailure;
     /// Why serving failed.
     type Error: std::fmt::Display;
 
     /// Parses the flags (without the program name).
-    fn parse(args: Vec<String>) -> Result<Self, NotRun>;
-    /// The `tracing` filter to log with (when `RUST_LOG` is not set).
-    fn log_level(&self) -> &str;
-    /// Installs the logger (by default: stderr, filtered by [`Command::log_level`]);
-    /// an error stops startup with exit status 2.
-    fn init_logging(&self) -> Result<(), String> {
-        init_logging(self.log_level());
-        Ok(())
-    }
+    fn parse(args: Vec<String>) -> Result<Self, Self::ConfigError>;
+    /// The logging settings, and the upstream flags accepted without effect (logged
+    /// once at startup).
+    fn logging(&self) -> (&crate::logging::LogSettings, &[String]);
     /// Runtime worker threads; 0 means one per core.
     fn worker_threads(&self) -> usize;
     /// Serves until `shutdown` completes.
@@ -123,16 +107,17 @@ fn run_command<C: Command>(args: Vec<String>) -> u8 {
     let name = C::NAME;
     let command = match C::parse(args) {
         Ok(command) => command,
-        Err(NotRun::Help(text)) => {
-            print!("{text}");
-            return 0;
-        }
-        Err(NotRun::Invalid(reason)) => {
-            eprintln!("{name}: {reason}");
+        Err(error) => {
+            if let Some(text) = error.stdout_text() {
+                print!("{text}");
+                return 0;
+            }
+            eprintln!("{name}: {error}");
             return 2;
         }
     };
-    if let Err(reason) = command.init_logging() {
+    let (log, compat_notes) = command.logging();
+    if let Err(reason) = init_command_logging(log, compat_notes) {
         eprintln!("{name}: {reason}");
         return 2;
     }

@@ -91,12 +91,6 @@ impl std::fmt::Debug for DummyClient {
     }
 }
 
-fn random_id() -> u128 {
-    let mut bytes = [0u8; 16];
-    let _ = getrandom::fill(&mut bytes);
-    u128::from_le_bytes(bytes) ^ u128::from(std::process::id())
-}
-
 fn process_name() -> String {
     let program = std::env::args()
         .next()
@@ -170,7 +164,7 @@ impl DummyClient {
             .build()
             .map_err(SetupError::Runtime)?;
         let identity = Identity {
-            client_id: random_id(),
+            client_id: mooncake_core::ids::random_id(),
             name: process_name(),
         };
         let connected = {

@@ -35,7 +35,7 @@ mod write;
 pub use buffer::BufferHandle;
 pub use client::{CLIENT_ADDRESS_ENV, DummyClient, Health, SetupError};
 pub use mooncake_core::error::{CodeResult, ErrorCode, ToRet};
-pub use mooncake_core::master::{TaskInfo, TaskKind, TaskStatus};
+pub use mooncake_core::master_api::{TaskInfo, TaskKind, TaskStatus};
 pub use mooncake_core::types::{
     ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SoftPinAction,
 };

@@ -1,7 +1,7 @@
 //! Queries, removal and copy/move tasks.
 
 use mooncake_core::error::{CodeResult, ErrorCode};
-use mooncake_core::master::TaskInfo;
+use mooncake_core::master_api::TaskInfo;
 use mooncake_core::protocol::rpc::CONTROL_DEADLINE;
 use mooncake_core::types::ReplicaDescriptor;
 

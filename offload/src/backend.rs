@@ -14,11 +14,11 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::{BackendKind, EvictionPolicy, OffloadConfig};
+use crate::config::EvictionPolicy;
 use crate::io::IoEngine;
 use crate::record::{self, HEADER_LEN, Header, MAX_KEY_LEN};
 
@@ -271,9 +271,9 @@ enum Source {
         #[expect(dead_code, reason = "held for its reference count, never read")]
         pin: Option<Arc<()>>,
     },
-    /// Under `store_key` in a distributed KV store.
+    /// Under `store_key` in a store outside this machine (see [`RecordSource`]).
     Store {
-        client: Arc<dyn crate::dkv::DkvClient>,
+        source: Arc<dyn RecordSource>,
         store_key: Vec<u8>,
     },
 }
@@ -301,9 +301,9 @@ impl ReadPlan {
         }
     }
 
-    /// The record of `key` stored under `store_key` through `client`.
+    /// The record of `key` stored under `store_key` in `source`.
     pub(crate) fn in_store(
-        client: Arc<dyn crate::dkv::DkvClient>,
+        source: Arc<dyn RecordSource>,
         store_key: Vec<u8>,
         key: &str,
         value_len: u64,
@@ -311,7 +311,7 @@ impl ReadPlan {
         ReadPlan {
             key: key.to_string(),
             value_len,
-            source: Source::Store { client, store_key },
+            source: Source::Store { source, store_key },
         }
     }
 
@@ -342,8 +342,8 @@ impl ReadPlan {
             Source::File {
                 path, offset, io, ..
             } => (path, *offset, io),
-            Source::Store { client, store_key } => {
-                return self.read_from_store(client.as_ref(), store_key, value);
+            Source::Store { source, store_key } => {
+                return self.read_from_store(source.as_ref(), store_key, value);
             }
         };
         let direct = io.read_direct(path, offset, record_len, |record| {
@@ -364,28 +364,21 @@ impl ReadPlan {
         }
     }
 
-    /// Reads the record from a distributed KV store and checks it: header and key
-    /// into a small buffer, the value straight into `value`.
+    /// Reads the record from a store outside this machine and checks it: header and
+    /// key into a small buffer, the value straight into `value`.
     fn read_from_store(
         &self,
-        client: &dyn crate::dkv::DkvClient,
+        source: &dyn RecordSource,
         store_key: &[u8],
         value: &mut [u8],
     ) -> Result<u64, StoreError> {
         let mut head = vec![0u8; HEADER_LEN + self.key.len()];
         let record_len = (head.len() + value.len()) as u64;
-        let got = client
-            .batch_get(&mut [crate::dkv::GetInto::split(store_key, &mut head, value)])
-            .pop()
-            .unwrap_or(Err(crate::dkv::DkvError::Store("no result".into())));
-        match got {
-            Ok(len) if len == record_len => self.check(&head, value),
+        match source.read_record(store_key, &mut head, value)? {
+            len if len == record_len => self.check(&head, value),
             // Another length: another record (the object was replaced meanwhile) or
             // not a record; never this object's bytes, and nothing to drop here.
-            Ok(_) | Err(crate::dkv::DkvError::NotFound | crate::dkv::DkvError::TooSmall { .. }) => {
-                Err(StoreError::NotFound)
-            }
-            Err(error) => Err(StoreError::Remote(error.to_string())),
+            _ => Err(StoreError::NotFound),
         }
     }
 
@@ -420,6 +413,21 @@ impl ReadPlan {
             .map_err(StoreError::Corrupt)?;
         Ok(self.value_len)
     }
+}
+
+/// Where a backend that keeps its records outside this machine (a distributed KV store)
+/// reads one back, so that a [`ReadPlan`] can read it without naming the store's client.
+pub trait RecordSource: Send + Sync + std::fmt::Debug {
+    /// Reads the record stored under `store_key`: its first `head.len()` bytes into
+    /// `head`, the rest into `value`. Answers the record's whole length (another length
+    /// than `head.len() + value.len()` means another record); `NotFound` when there is
+    /// none or it does not fit.
+    fn read_record(
+        &self,
+        store_key: &[u8],
+        head: &mut [u8],
+        value: &mut [u8],
+    ) -> Result<u64, StoreError>;
 }
 
 /// A store of objects on local disk. See the module documentation for the protocol.
@@ -510,79 +518,6 @@ pub trait StorageBackend: Send + std::fmt::Debug {
             self.remove(key);
         }
         result
-    }
-}
-
-/// Opens the backend named in `config` in its storage path (which must exist) under
-/// `limits`, doing its I/O through `io`, and rebuilds its index from disk.
-pub fn open_backend(
-    config: &OffloadConfig,
-    limits: Limits,
-    io: Arc<IoEngine>,
-) -> Result<(Box<dyn StorageBackend>, RecoveryReport), StoreError> {
-    let (dir, policy) = (config.path.as_path(), config.eviction_policy);
-    match config.backend {
-        BackendKind::Bucket => {
-            let (store, report) = crate::bucket::BucketStore::open_with(dir, limits, policy, io)?;
-            Ok((Box::new(store), report))
-        }
-        BackendKind::FilePerKey => {
-            let fsdir = Path::new(&config.fsdir);
-            let single = fsdir.components().count() == 1
-                && matches!(fsdir.components().next(), Some(Component::Normal(_)));
-            if !single {
-                return Err(StoreError::Invalid(format!(
-                    "MOONCAKE_OFFLOAD_FSDIR={:?} must be one directory name (no '/', no '..')",
-                    config.fsdir
-                )));
-            }
-            let (store, report) = crate::file_per_key::FilePerKeyStore::open_in(
-                &dir.join(fsdir),
-                limits,
-                policy,
-                io,
-            )?;
-            Ok((Box::new(store), report))
-        }
-        BackendKind::OffsetAllocator => {
-            let (store, report) =
-                crate::offset_allocator::OffsetAllocatorStore::open(dir, limits, policy, io)?;
-            Ok((Box::new(store), report))
-        }
-        BackendKind::DistributedKv => {
-            let client = open_dkv_client(config)?;
-            let prefix = crate::dkv::backend::key_prefix(&config.dkv_namespace, &config.node);
-            tracing::info!(
-                store = client.describe(),
-                prefix,
-                "SSD tier on a distributed KV store"
-            );
-            let (store, report) =
-                crate::dkv::backend::DkvStore::open(client, &prefix, limits, policy)?;
-            Ok((Box::new(store), report))
-        }
-    }
-}
-
-/// The distributed-KV client named by `MOONCAKE_OFFLOAD_DKV_CLIENT`.
-fn open_dkv_client(config: &OffloadConfig) -> Result<Arc<dyn crate::dkv::DkvClient>, StoreError> {
-    match config.dkv_client {
-        crate::config::DkvClientKind::Plugin => {
-            let path = config.dkv_plugin.as_ref().ok_or_else(|| {
-                StoreError::Setup(
-                    "MOONCAKE_OFFLOAD_DKV_CLIENT=plugin needs MOONCAKE_OFFLOAD_DKV_PLUGIN=/path/to/lib.so"
-                        .into(),
-                )
-            })?;
-            crate::dkv::plugin::PluginClient::open(path, &config.dkv_url)
-                .map(|client| Arc::new(client) as Arc<dyn crate::dkv::DkvClient>)
-                .map_err(|error| StoreError::Setup(error.to_string()))
-        }
-        crate::config::DkvClientKind::Redis => {
-            crate::dkv::redis::RedisClient::open(&config.dkv_url, config.dkv_tls_ca_file.as_deref())
-                .map(|client| Arc::new(client) as Arc<dyn crate::dkv::DkvClient>)
-                .map_err(|error| StoreError::Setup(error.to_string()))
-        }
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! The settings (upstream's `MOONCAKE_OFFLOAD_*` variables and path rules,
 //! [`config`]), checksummed records ([`record`]), the I/O engines (POSIX, io_uring with
-//! a fallback, [`io`]), the contract of a storage backend ([`backend`]) and the three
+//! a fallback, [`io`]), the contract of a storage backend ([`backend`]), the factory that opens the configured
+//! one ([`factory`]) and the three
 //! local-disk backends: `bucket_storage_backend` ([`bucket`], the default),
 //! `file_per_key_storage_backend` ([`file_per_key`]) and
 //! `offset_allocator_storage_backend` ([`offset_allocator`]), each with recovery and
@@ -15,6 +16,7 @@ pub mod bucket;
 pub mod checksum;
 pub mod config;
 pub mod dkv;
+pub mod factory;
 pub mod file_per_key;
 pub mod io;
 mod object_index;

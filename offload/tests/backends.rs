@@ -6,8 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use mooncake_offload::backend::{Limits, StorageBackend, StoreError, open_backend};
+use mooncake_offload::backend::{Limits, StorageBackend, StoreError};
 use mooncake_offload::config::{BackendKind, EvictionPolicy, OffloadConfig};
+use mooncake_offload::factory::open_backend;
 use mooncake_offload::io::IoEngine;
 
 const BACKENDS: [BackendKind; 3] = [

@@ -1,7 +1,8 @@
 //! The `mooncake_client` command: what the binary and the Python package's
 //! `mooncake_client` console script both run.
 
-use mooncake_core::process::{Command, NotRun, command_main};
+use mooncake_core::logging::LogSettings;
+use mooncake_core::process::{Command, ConfigFailure, command_main};
 
 use crate::{ConfigError, RealClientConfig, StartError, run};
 
@@ -16,27 +17,15 @@ struct ClientCommand(RealClientConfig);
 
 impl Command for ClientCommand {
     const NAME: &'static str = "mooncake_client";
+    type ConfigError = ConfigError;
     type Error = StartError;
 
-    fn parse(args: Vec<String>) -> Result<Self, NotRun> {
-        RealClientConfig::from_command_line(args)
-            .map(Self)
-            .map_err(|error| {
-                // `--help` (and the other flags that print and exit) is not an error.
-                let text = match &error {
-                    ConfigError::Flag(flag) => flag.stdout_text(),
-                    _ => None,
-                };
-                NotRun::from_error(text, &error)
-            })
+    fn parse(args: Vec<String>) -> Result<Self, ConfigError> {
+        RealClientConfig::from_command_line(args).map(Self)
     }
 
-    fn log_level(&self) -> &str {
-        &self.0.log_level
-    }
-
-    fn init_logging(&self) -> Result<(), String> {
-        mooncake_core::process::init_command_logging(&self.0.log, &self.0.compat_notes)
+    fn logging(&self) -> (&LogSettings, &[String]) {
+        (&self.0.log, &self.0.compat_notes)
     }
 
     fn worker_threads(&self) -> usize {
@@ -45,5 +34,14 @@ impl Command for ClientCommand {
 
     async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
         run(self.0, shutdown).await
+    }
+}
+
+impl ConfigFailure for ConfigError {
+    fn stdout_text(&self) -> Option<&str> {
+        match self {
+            ConfigError::Flag(flag) => flag.stdout_text(),
+            _ => None,
+        }
     }
 }

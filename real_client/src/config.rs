@@ -9,9 +9,9 @@ use mooncake_core::flags::{
     self, ARENA_FLAGS, Accepts, Compat, FlagError, FlagSpec, GFLAGS, ParsedFlags, Program,
 };
 use mooncake_core::logging::{LOG_FLAGS, LogError, LogSettings};
-use mooncake_core::master::MasterConfig;
 use mooncake_core::protocol::address::{DEFAULT_REAL_CLIENT_PORT, SocketAddress};
 use mooncake_core::protocol::auth::{self, AUTH_FLAGS, ClusterSecret};
+use mooncake_master::MasterConfig;
 
 /// The real client's own flags.
 pub static CLIENT_FLAGS: &[FlagSpec] = &[

@@ -7,20 +7,21 @@
 //! a concurrent eviction yields the right bytes or "not found".
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
+use mooncake_shm::MemSlice;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
-use mooncake_offload::backend::{
-    Eviction, Limits, RecoveryReport, StorageBackend, StoreError, open_backend,
-};
+use mooncake_offload::backend::{Eviction, Limits, RecoveryReport, StorageBackend, StoreError};
 use mooncake_offload::config::{BackendKind, OffloadConfig, validate_path};
+use mooncake_offload::factory::open_backend;
 use mooncake_offload::io::IoEngine;
 
 use crate::disk_staging::{StagedBytes, StagingPool};
 use crate::master_link::MasterLink;
-use crate::server::ServerState;
 use crate::store::Store;
 
 /// The SSD tier of one real client.
@@ -30,6 +31,10 @@ pub struct DiskTier {
     config: OffloadConfig,
     /// Where reads served to peers land before they are sent.
     staging: StagingPool,
+    /// Objects written by the offload loop (see [`DiskTier::offload_counters`]).
+    offloaded: AtomicU64,
+    /// In-memory copies of object bytes the offload loop made.
+    copies: AtomicU64,
 }
 
 /// Why the tier could not start.
@@ -108,6 +113,8 @@ impl DiskTier {
             DiskTier {
                 store: Mutex::new(store),
                 staging: StagingPool::new(config.local_buffer_size),
+                offloaded: AtomicU64::new(0),
+                copies: AtomicU64::new(0),
                 config,
             },
             report,
@@ -180,17 +187,26 @@ impl DiskTier {
         self.store.lock().remove(key);
     }
 
-    /// Writes `objects` as one bucket: makes room (telling the master which disk copies
-    /// go before deleting them), writes, and reports the new copies to the master.
+    /// Writes `objects` (each in this node's segment, leased until `lease_ends`) as one
+    /// bucket: makes room (telling the master which disk copies go before deleting
+    /// them), writes, and reports the new copies to the master.
     async fn write_bucket(
         &self,
         master: &MasterLink,
         client: u128,
-        objects: &[(String, Vec<u8>)],
+        objects: &[(String, MemSlice)],
+        lease_ends: Instant,
     ) -> CodeResult<()> {
         let refs: Vec<(&str, &[u8])> = objects
             .iter()
-            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .map(|(key, bytes)| {
+                // SAFETY: each slice lies in this node's segment, in the space of an
+                // object leased until `lease_ends`: the master gives none of it to
+                // another object before then, and `finish_and_write` drops the batch
+                // when its copy did not finish in time.
+                let bytes = unsafe { bytes.as_bytes() };
+                (key.as_str(), bytes)
+            })
             .collect();
         let eviction = self.store.lock().make_room(&refs).map_err(|e| code(&e))?;
         if !eviction.keys.is_empty()
@@ -201,29 +217,77 @@ impl DiskTier {
             self.store.lock().finish_eviction(eviction);
             return Err(code);
         }
-        tokio::task::block_in_place(|| self.finish_and_write(eviction, &refs))?;
+        tokio::task::block_in_place(|| self.finish_and_write(eviction, &refs, lease_ends))?;
         let written = objects
             .iter()
-            .map(|(k, v)| (k.clone(), v.len() as u64))
+            .map(|(key, bytes)| (key.clone(), bytes.len() as u64))
             .collect();
         master.offload_done(client, written).await
+    }
+
+    /// Groups `(key, size)` items into buckets within the bucket key and byte limits
+    /// (an object larger than the byte limit gets a bucket of its own).
+    fn buckets(&self, items: Vec<(String, u64)>) -> Vec<Vec<(String, u64)>> {
+        let mut buckets: Vec<Vec<(String, u64)>> = Vec::new();
+        let mut bytes = 0u64;
+        for (key, size) in items {
+            let fits = buckets.last().is_some_and(|bucket| {
+                (bucket.len() as u64) < self.config.bucket_keys_limit
+                    && bytes < self.config.bucket_size_limit
+            });
+            if !fits {
+                buckets.push(Vec::new());
+                bytes = 0;
+            }
+            bytes = bytes.saturating_add(size);
+            if let Some(bucket) = buckets.last_mut() {
+                bucket.push((key, size));
+            }
+        }
+        buckets
+    }
+
+    /// Objects this node wrote to its SSD tier, and the in-memory copies of their bytes
+    /// made to write them (one per object: into the backend's record).
+    pub fn offload_counters(&self) -> (u64, u64) {
+        (
+            self.offloaded.load(Ordering::Relaxed),
+            self.copies.load(Ordering::Relaxed),
+        )
     }
 }
 
 impl DiskTier {
-    /// Deletes the victims and writes `objects`: the backend is held to prepare and to
-    /// commit the batch, not while its bytes are written, so reads go on meanwhile.
-    fn finish_and_write(&self, eviction: Eviction, objects: &[(&str, &[u8])]) -> CodeResult<()> {
+    /// Deletes the victims and writes `objects`: the backend is held to prepare (and
+    /// copy) and to commit the batch, not while its bytes are written, so reads go on
+    /// meanwhile. A batch whose copy finished after `lease_ends` is dropped: its source
+    /// space may hold another object's bytes by then.
+    fn finish_and_write(
+        &self,
+        eviction: Eviction,
+        objects: &[(&str, &[u8])],
+        lease_ends: Instant,
+    ) -> CodeResult<()> {
         let mut batch = {
             let mut store = self.store.lock();
             store.finish_eviction(eviction);
             store.prepare_batch(objects).map_err(|e| logged(&e))?
         };
+        self.copies
+            .fetch_add(objects.len() as u64, Ordering::Relaxed);
+        if Instant::now() >= lease_ends {
+            let late = StoreError::Invalid("the read lease ended during the copy".into());
+            let _ = self.store.lock().commit_batch(batch, Err(late));
+            return Err(ErrorCode::LEASE_EXPIRED);
+        }
         let written = batch.write();
         self.store
             .lock()
             .commit_batch(batch, written)
-            .map_err(|e| logged(&e))
+            .map_err(|e| logged(&e))?;
+        self.offloaded
+            .fetch_add(objects.len() as u64, Ordering::Relaxed);
+        Ok(())
     }
     /// Watermark eviction: above the high watermark of the byte or key limit, evicts
     /// down to the low one (the master is told first, as for any disk eviction).
@@ -285,26 +349,26 @@ pub async fn register(disk: &DiskTier, master: &MasterLink, client: u128) -> Cod
 }
 
 /// Writes what the master queues for this node, every heartbeat interval, until
-/// `shutdown`; each round drains the queue. Objects are read from this node's segment
-/// under a read lease, grouped into batches by the bucket limits; a partial batch is
-/// written at the end of each fetch (never held back).
+/// `shutdown`; each round drains the queue. Objects go to disk straight from this
+/// node's own segment, grouped into buckets by the bucket limits, under one read lease
+/// per bucket: the backend's copy into its record is the only copy of their bytes. A
+/// partial bucket is written at the end of each fetch (never held back).
 pub async fn offload_loop(
     disk: Arc<DiskTier>,
-    state: Arc<ServerState>,
+    store: Arc<Store>,
     client: u128,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let interval = disk.config.heartbeat_interval;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let store = &state.store;
     let master = store.master().unscoped();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             () = mooncake_core::process::stop_requested(&mut shutdown) => return,
         }
-        if let Err(code) = offload_round(&disk, store, &master, client).await {
+        if let Err(code) = offload_round(&disk, &store, &master, client).await {
             tracing::warn!(%code, "SSD tier round failed; retrying");
         }
     }
@@ -347,32 +411,9 @@ async fn offload_batch(
         disk.remove(key);
     }
     let fetched = work.store.len();
-    let mut bucket: Vec<(String, Vec<u8>)> = Vec::new();
-    let mut bucket_bytes = 0u64;
     let mut not_written = Vec::new();
-    for (key, _) in work.store {
-        // The master's version replaces any older copy here.
-        disk.remove(&key);
-        match store.get_bytes_with(master, &key).await {
-            Ok(value) => {
-                bucket_bytes += value.len() as u64;
-                bucket.push((key, value));
-            }
-            Err(code) => {
-                tracing::debug!(key, %code, "object gone before it reached the disk");
-                not_written.push((key, 0));
-            }
-        }
-        let full = bucket.len() as u64 >= disk.config.bucket_keys_limit
-            || bucket_bytes >= disk.config.bucket_size_limit;
-        if full {
-            let batch = std::mem::take(&mut bucket);
-            bucket_bytes = 0;
-            write_or_nack(disk, master, client, batch, &mut not_written).await;
-        }
-    }
-    if !bucket.is_empty() {
-        write_or_nack(disk, master, client, bucket, &mut not_written).await;
+    for bucket in disk.buckets(work.store) {
+        write_from_segment(disk, store, master, client, bucket, &mut not_written).await;
     }
     if !not_written.is_empty() {
         // Lets the master evict them from memory again.
@@ -381,17 +422,52 @@ async fn offload_batch(
     Ok(fetched)
 }
 
-/// Writes one bucket; on failure its objects are reported as not written.
-async fn write_or_nack(
+/// Writes one bucket of `(key, size)` items straight from this node's segment: one
+/// master round trip leases the whole bucket, then the backend copies each object into
+/// its record. Objects that are gone or not in this node's segment, and the whole bucket
+/// when the write fails, are added to `not_written`.
+async fn write_from_segment(
     disk: &DiskTier,
+    store: &Store,
     master: &MasterLink,
     client: u128,
-    bucket: Vec<(String, Vec<u8>)>,
+    bucket: Vec<(String, u64)>,
     not_written: &mut Vec<(String, u64)>,
 ) {
-    if let Err(code) = disk.write_bucket(master, client, &bucket).await {
-        tracing::warn!(%code, objects = bucket.len(), "cannot write a bucket to the SSD tier");
-        not_written.extend(bucket.into_iter().map(|(key, _)| (key, 0)));
+    for (key, _) in &bucket {
+        // The master's version replaces any older copy here.
+        disk.remove(key);
+    }
+    let keys: Vec<&str> = bucket.iter().map(|(key, _)| key.as_str()).collect();
+    let asked = Instant::now();
+    let located = master.get_replica_lists(&keys).await;
+    let mut objects = Vec::with_capacity(bucket.len());
+    let mut lease_ends: Option<Instant> = None;
+    for ((key, _), located) in bucket.into_iter().zip(located) {
+        let own = located
+            .ok()
+            .and_then(|(replicas, lease)| Some((store.own_replica(&replicas)?, lease)));
+        let Some((bytes, lease)) = own else {
+            tracing::debug!(
+                key,
+                "object gone (or not in this node's segment) before it reached the disk"
+            );
+            not_written.push((key, 0));
+            continue;
+        };
+        let ends = asked + lease;
+        lease_ends = Some(lease_ends.map_or(ends, |earliest| earliest.min(ends)));
+        objects.push((key, bytes));
+    }
+    let Some(lease_ends) = lease_ends else {
+        return;
+    };
+    if let Err(code) = disk
+        .write_bucket(master, client, &objects, lease_ends)
+        .await
+    {
+        tracing::warn!(%code, objects = objects.len(), "cannot write a bucket to the SSD tier");
+        not_written.extend(objects.into_iter().map(|(key, _)| (key, 0)));
     }
 }
 
@@ -415,6 +491,62 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_that_outlives_its_lease_is_not_stored() {
+        let dir = std::env::temp_dir().join(format!("mooncake-disk-lease-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let disk = tier(&dir);
+        let objects: &[(&str, &[u8])] = &[("k", b"value")];
+        let eviction = disk.store.lock().make_room(objects).expect("room");
+        let ended = std::time::Instant::now();
+        assert_eq!(
+            disk.finish_and_write(eviction, objects, ended),
+            Err(ErrorCode::LEASE_EXPIRED)
+        );
+        assert!(disk.objects().is_empty(), "nothing stored");
+        assert_eq!(
+            disk.offload_counters(),
+            (0, 1),
+            "one copy made, no object written"
+        );
+        let eviction = disk.store.lock().make_room(objects).expect("room");
+        let lease_ends = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        disk.finish_and_write(eviction, objects, lease_ends)
+            .expect("written");
+        assert_eq!(disk.objects(), vec![("k".to_string(), 5)]);
+        assert_eq!(
+            disk.offload_counters(),
+            (1, 2),
+            "one copy per object written"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn buckets_keep_to_the_key_and_byte_limits() {
+        let dir =
+            std::env::temp_dir().join(format!("mooncake-disk-buckets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mut disk = tier(&dir);
+        disk.config.bucket_keys_limit = 3;
+        disk.config.bucket_size_limit = 100;
+        let items: Vec<(String, u64)> = [10, 10, 10, 10, 200, 50, 60, 1]
+            .iter()
+            .enumerate()
+            .map(|(i, size)| (format!("k{i}"), *size))
+            .collect();
+        let sizes: Vec<Vec<u64>> = disk
+            .buckets(items)
+            .iter()
+            .map(|bucket| bucket.iter().map(|(_, size)| *size).collect())
+            .collect();
+        assert_eq!(
+            sizes,
+            vec![vec![10, 10, 10], vec![10, 200], vec![50, 60], vec![1]]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn a_destination_changed_during_the_read_does_not_get_a_healthy_object_dropped() {
         let dir =
             std::env::temp_dir().join(format!("mooncake-disk-scribble-{}", std::process::id()));
@@ -423,7 +555,9 @@ mod tests {
         let value: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
         let objects: &[(&str, &[u8])] = &[("k", &value)];
         let eviction = disk.store.lock().make_room(objects).expect("room");
-        disk.finish_and_write(eviction, objects).expect("written");
+        let lease_ends = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        disk.finish_and_write(eviction, objects, lease_ends)
+            .expect("written");
 
         // The destination is shared memory a (hostile) owner keeps writing to.
         let memory = Arc::new(

@@ -45,17 +45,19 @@ use tokio::sync::watch;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use mooncake_core::master::daemon::RunningMaster;
-use mooncake_core::master::{Clock, LOCAL_OWNER, MasterService};
+use mooncake_core::ids::random_id;
+use mooncake_core::master_api::{LOCAL_OWNER, Master, RemoteMaster};
 use mooncake_core::protocol::auth::{self, ClusterSecret};
 use mooncake_core::tenant::Tenant;
 use mooncake_core::units::format_size;
+use mooncake_master::daemon::RunningMaster;
+use mooncake_master::{Clock, MasterService};
 use mooncake_shm::SharedMemory;
 use mooncake_shm::shared_memory::PageSize;
 
 pub use config::{ConfigError, RealClientConfig};
 use handshake::ServerIdentity;
-use master_link::{MasterKind, MasterLink, RemoteMaster};
+use master_link::MasterLink;
 use server::{BindError, ServerState};
 use store::Store;
 use transfer::server::ServedSegment;
@@ -127,94 +129,65 @@ pub struct RealClient {
     endpoint: String,
 }
 
-/// The embedded master's background work.
+/// The embedded master at work.
 #[derive(Debug)]
 struct EmbeddedMaster {
-    /// Its TCP server (with its maintenance), when served on loopback.
-    running: Option<RunningMaster>,
-    /// Maintenance when it is not served.
-    maintenance: Option<tokio::task::JoinHandle<()>>,
-    stop: watch::Sender<bool>,
+    /// Its maintenance, and its TCP server when served on loopback.
+    running: RunningMaster,
     /// The secret file local processes read; removed on drop.
     _secret_file: Option<auth::LocalSecretFile>,
-}
-
-/// A random 128-bit id (instance ids, task ids).
-pub fn random_id() -> u128 {
-    let mut bytes = [0u8; 16];
-    if getrandom::fill(&mut bytes).is_err() {
-        // No entropy source: fall back to time and pid, still unique per process start.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        return nanos ^ (u128::from(std::process::id()) << 96);
-    }
-    u128::from_le_bytes(bytes)
 }
 
 /// Starts the embedded master: its maintenance loop, and (when a port is set) its TCP
 /// server on loopback so other local processes can use it too. A busy port is an error:
 /// another real client serves a master there. Connections must prove they know the
 /// cluster secret (`--cluster_secret_file`, else a fresh secret written for this user's
-/// processes only). Returns the master's background work and the secret this node uses.
+/// processes only). Returns the master at work and the secret this node uses.
 async fn start_embedded_master(
     config: &RealClientConfig,
-    master: &Arc<MasterService>,
-    master_id: u128,
+    master: Arc<MasterService>,
 ) -> Result<(EmbeddedMaster, Arc<ClusterSecret>), StartError> {
-    let (stop, _) = watch::channel(false);
-    let served = match config.embedded_master_port {
-        0 => None,
-        port => {
-            let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-            let listener = tokio::net::TcpListener::bind(address)
-                .await
-                .map_err(|source| StartError::EmbeddedMasterPort { port, source })?;
-            let (secret, file) = match &config.cluster_secret {
-                Some(secret) => (Arc::clone(secret), None),
-                None => {
-                    let (secret, file) =
-                        auth::create_local_master_secret(port).map_err(StartError::Secret)?;
-                    (Arc::new(secret), Some(file))
-                }
-            };
-            let running = RunningMaster::serve(
-                Arc::clone(master),
-                listener,
-                master_id,
-                Some(Arc::clone(&secret)),
-            )
-            .map_err(|error| StartError::EmbeddedMasterPort {
+    let port = config.embedded_master_port;
+    if port == 0 {
+        // Nobody else can reach this master: the transfer engine admits no peer.
+        let secret = match &config.cluster_secret {
+            Some(secret) => Arc::clone(secret),
+            None => {
+                Arc::new(ClusterSecret::random("this process only").map_err(StartError::Secret)?)
+            }
+        };
+        let running = RunningMaster::unserved(master);
+        let embedded = EmbeddedMaster {
+            running,
+            _secret_file: None,
+        };
+        return Ok((embedded, secret));
+    }
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| StartError::EmbeddedMasterPort { port, source })?;
+    let (secret, secret_file) = match &config.cluster_secret {
+        Some(secret) => (Arc::clone(secret), None),
+        None => {
+            let (secret, file) =
+                auth::create_local_master_secret(port).map_err(StartError::Secret)?;
+            (Arc::new(secret), Some(file))
+        }
+    };
+    // The transfer engines that join this master check its grants. A master nobody
+    // else can reach (port 0, above) has no peers to grant anything to: its reads skip
+    // the signing.
+    master.sign_transfers(Arc::clone(&secret));
+    let running =
+        RunningMaster::serve(master, listener, Some(Arc::clone(&secret))).map_err(|error| {
+            StartError::EmbeddedMasterPort {
                 port,
                 source: std::io::Error::other(error.to_string()),
-            })?;
-            Some((running, secret, file))
-        }
-    };
-    let (running, secret, secret_file) = match served {
-        Some((running, secret, file)) => (Some(running), secret, file),
-        None => {
-            // Nobody else can reach this master: the transfer engine admits no peer.
-            let secret = match &config.cluster_secret {
-                Some(secret) => Arc::clone(secret),
-                None => Arc::new(
-                    ClusterSecret::random("this process only").map_err(StartError::Secret)?,
-                ),
-            };
-            (None, secret, None)
-        }
-    };
-    // The served master runs its own maintenance.
-    let maintenance = running.is_none().then(|| {
-        tokio::spawn(mooncake_core::master::server::maintain(
-            Arc::clone(master),
-            stop.subscribe(),
-        ))
-    });
+            }
+        })?;
     let embedded = EmbeddedMaster {
         running,
-        maintenance,
-        stop,
         _secret_file: secret_file,
     };
     Ok((embedded, secret))
@@ -254,15 +227,9 @@ impl RealClient {
             None => {
                 let master = Arc::new(MasterService::new(config.master.clone(), Clock::System));
                 let (embedded, secret) =
-                    start_embedded_master(&config, &master, instance_id).await?;
-                // The transfer engines that join this master check its grants. A master
-                // nobody else can reach (port 0) has no peers to grant anything to: its
-                // reads skip the signing.
-                if embedded.running.is_some() {
-                    master.sign_transfers(Arc::clone(&secret));
-                }
+                    start_embedded_master(&config, Arc::clone(&master)).await?;
                 (
-                    MasterKind::Embedded(master),
+                    master as Arc<dyn Master>,
                     Some(embedded),
                     LOCAL_OWNER,
                     Some(secret),
@@ -272,7 +239,7 @@ impl RealClient {
                 let secret = remote_master_secret(&config, address);
                 let remote = RemoteMaster::new(address.clone(), secret.clone());
                 (
-                    MasterKind::Remote(Arc::new(remote)),
+                    Arc::new(remote) as Arc<dyn Master>,
                     None,
                     instance_id,
                     secret,
@@ -351,13 +318,13 @@ impl RealClient {
                 max_total_mapped_bytes: config.max_total_dummy_shm_size,
                 max_sessions: config.max_dummy_sessions,
             },
-            store: Store::new(
+            store: Arc::new(Store::new(
                 master,
                 served,
                 config.segment_name(),
                 disk,
                 TransferClient::new(config.transfer_congestion.clone(), secret),
-            ),
+            )),
             sessions: Default::default(),
             allowed_uids: config.allowed_uids.clone(),
             started,
@@ -398,7 +365,7 @@ impl RealClient {
             transfer_endpoint = %self.endpoint,
             global_segment_size = %format_size(config.global_segment_size),
             master = %config.master_address.as_deref().unwrap_or("embedded"),
-            embedded_master_tcp = ?self.embedded_master.as_ref().and_then(|m| m.running.as_ref()).map(|r| r.rpc_address),
+            embedded_master_tcp = ?self.embedded_master.as_ref().and_then(|m| m.running.rpc_address),
             protocol = "tcp",
             max_dummy_shm_size = %format_size(config.max_dummy_shm_size),
             max_total_dummy_shm_size = %format_size(config.max_total_dummy_shm_size),
@@ -422,7 +389,7 @@ impl RealClient {
         let offload = self.state.store.disk().map(|disk| {
             tokio::spawn(disk::offload_loop(
                 Arc::clone(disk),
-                Arc::clone(&self.state),
+                Arc::clone(&self.state.store),
                 self.client_id,
                 self.shutdown.subscribe(),
             ))
@@ -458,13 +425,7 @@ impl RealClient {
             tracing::warn!(%code, "unmount at shutdown failed");
         }
         if let Some(embedded) = self.embedded_master.take() {
-            embedded.stop.send_replace(true);
-            if let Some(maintenance) = embedded.maintenance {
-                let _ = maintenance.await;
-            }
-            if let Some(running) = embedded.running {
-                running.stop().await;
-            }
+            embedded.running.stop().await;
         }
         if let Some(mooncake_core::protocol::address::SocketAddress::Path(path)) = &config.socket {
             let _ = std::fs::remove_file(path);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use mooncake_core::master::ClientStatus;
+use mooncake_core::master_api::ClientStatus;
 
 use crate::server::ServerState;
 

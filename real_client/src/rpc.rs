@@ -7,7 +7,7 @@ use serde_bytes::ByteBuf;
 use tarpc::context::Context;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
-use mooncake_core::master::TaskInfo;
+use mooncake_core::master_api::TaskInfo;
 use mooncake_core::protocol::bounded::Batch;
 use mooncake_core::protocol::rpc::{
     Declaration, DeviceBufferDecl, GetItem, MAX_INLINE_BYTES, MemRange, PingReply, PutItem,
@@ -331,7 +331,7 @@ impl RealClientRpc for DummyHandler {
         self.state
             .store
             .master()
-            .create_copy_task(key, targets.into_inner(), crate::random_id())
+            .create_copy_task(key, targets.into_inner(), mooncake_core::ids::random_id())
             .await
     }
 
@@ -345,7 +345,7 @@ impl RealClientRpc for DummyHandler {
         self.state
             .store
             .master()
-            .create_move_task(key, source, target, crate::random_id())
+            .create_move_task(key, source, target, mooncake_core::ids::random_id())
             .await
     }
 

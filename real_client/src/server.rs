@@ -83,7 +83,7 @@ pub struct ServerState {
     /// What dummies are told about this process.
     pub identity: ServerIdentity,
     /// Reads and writes.
-    pub store: Store,
+    pub store: Arc<Store>,
     /// Attached dummies.
     pub sessions: Sessions,
     /// Uids allowed to attach (our own is always allowed).

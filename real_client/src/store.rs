@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
-use mooncake_core::master::{PutStarted, TaskWork};
+use mooncake_core::master_api::{PutStarted, TaskWork};
 use mooncake_core::protocol::grant::{Grant, GrantedRange};
 use mooncake_core::protocol::rpc::WriteMode;
 use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SegmentId};
@@ -166,6 +166,16 @@ impl Store {
     /// The local segment.
     pub fn segment(&self) -> &Arc<ServedSegment> {
         &self.segment
+    }
+
+    /// The bytes of the replica among `replicas` that lies in this node's own segment.
+    pub fn own_replica(&self, replicas: &[ReplicaDescriptor]) -> Option<MemSlice> {
+        replicas
+            .iter()
+            .find_map(|replica| match self.place(replica) {
+                Ok(Place::Local(bytes)) => Some(bytes),
+                _ => None,
+            })
     }
 
     fn place<'a>(&self, replica: &'a ReplicaDescriptor) -> CodeResult<Place<'a>> {

@@ -581,6 +581,26 @@ def test_full_segment_refuses_writes_cleanly(start_client, connect):
     assert store.get("after-remove") == b"y" * (1 << 20)
 
 
+def test_each_dummy_has_a_hard_pin_quota(start_client, connect):
+    client = start_client("--max_hard_pinned_bytes_per_dummy=3MB", segment="64MB")
+    first = connect(client.address, pool=8 << 20, staging=4 << 20)
+    pinned = ReplicateConfig()
+    pinned.with_hard_pin = True
+    mib = 1 << 20
+    assert [first.put(f"pin-{i}", bytes([i]) * mib, pinned) for i in range(3)] == [OK] * 3
+    refused = ERROR_CODES["NO_AVAILABLE_HANDLE"]
+    assert first.put("pin-3", b"x" * mib, pinned) == refused
+    assert first.put("plain", b"x" * mib) == OK  # unpinned writes are not counted
+    assert first.put_batch(["pin-4", "pin-5"], [b"a", b"b"], pinned) == refused
+    # Another dummy has a quota of its own.
+    second = connect(client.address, pool=8 << 20, staging=4 << 20)
+    assert second.put("theirs", b"y" * mib, pinned) == OK
+    # A removed object stops counting.
+    assert first.remove("pin-0") == OK
+    assert first.put("pin-3", b"z" * mib, pinned) == OK
+    assert first.get("pin-3") == b"z" * mib
+
+
 # ----- upstream's keyword names -----
 
 

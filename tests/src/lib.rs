@@ -330,3 +330,24 @@ pub fn eventually(limit: Duration, mut condition: impl FnMut() -> bool) -> bool 
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// The body of `GET path` from an HTTP server on loopback `port`.
+pub fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("read");
+    assert!(answer.starts_with("HTTP/1."), "{answer}");
+    answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default()
+}
+
+/// The value of the Prometheus sample whose line starts with `series`.
+pub fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sample {series} in:\n{text}"))
+}

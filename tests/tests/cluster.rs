@@ -5,7 +5,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use mooncake_dummy_client::{DummyClient, ErrorCode, ReplicaLocation, ReplicateConfig, TaskStatus};
-use mooncake_integration_tests::{MasterProcess, RealClientProcess, eventually};
+use mooncake_integration_tests::{MasterProcess, RealClientProcess, eventually, http_get, sample};
 
 fn dummy(node: &RealClientProcess) -> DummyClient {
     DummyClient::setup_dummy(64 << 20, 8 << 20, Some(&node.address())).expect("setup_dummy")
@@ -414,26 +414,6 @@ fn an_invalid_tenant_name_is_a_startup_error() {
 }
 
 /// `GET path` on `127.0.0.1:port`; the body.
-fn http_get(port: u16, path: &str) -> String {
-    use std::io::Read;
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).expect("read");
-    assert!(answer.starts_with("HTTP/1."), "{answer}");
-    answer
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default()
-}
-
-/// The value of the Prometheus sample whose line starts with `series`.
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no sample {series} in:\n{text}"))
-}
-
 #[test]
 fn master_and_node_export_operation_metrics() {
     let metrics_port = mooncake_integration_tests::free_tcp_port();

@@ -8,7 +8,9 @@ use mooncake_integration_tests::offload::{
     TempDir, assert_gone, assert_reads_into_pool, assert_reads_through, comes_back, dummy, on_disk,
     only_on_disk, put_and_offload, put_past_memory, value,
 };
-use mooncake_integration_tests::{MasterProcess, RealClientProcess, eventually};
+use mooncake_integration_tests::{
+    MasterProcess, RealClientProcess, eventually, free_tcp_port, http_get, sample,
+};
 
 /// A node with the SSD tier in `dir` (one offload round per second, 1 GiB of disk at
 /// most) on `backend`, through io_uring when `uring`. Otherwise the node inherits
@@ -122,6 +124,41 @@ fn evicted_objects_survive(backend: &str, uring: bool) {
         "first-3",
         "a removed object came back after a restart",
     );
+}
+
+#[test]
+fn objects_reach_the_disk_straight_from_the_segment_with_one_copy_each() {
+    let dir = TempDir::new("one-copy");
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let http_port = free_tcp_port();
+    let node = RealClientProcess::join_with_env(
+        &master,
+        "64MB",
+        &[
+            "--enable_offload=true",
+            "--enable_http_server=true",
+            &format!("--http_port={http_port}"),
+        ],
+        &[
+            ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", dir.path()),
+            ("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1"),
+            ("MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT", "3"),
+        ],
+    );
+    let client = dummy(&node);
+    put_and_offload(&client, &node, "copied-", 8);
+    let text = http_get(http_port, "/metrics");
+    let objects = sample(&text, "mooncake_client_offload_objects_total");
+    let copies = sample(&text, "mooncake_client_offload_copies_total");
+    assert!(objects >= 8.0, "{text}");
+    assert_eq!(
+        copies, objects,
+        "one in-memory copy per object written to disk"
+    );
+    for i in 0..8 {
+        let key = format!("copied-{i}");
+        assert_eq!(client.get(&key).expect("get"), value(i, 1 << 20));
+    }
 }
 
 #[test]

@@ -102,55 +102,10 @@ impl<Req: Serialize, Resp: for<'de> Deserialize<'de>> BlockingClient<Req, Resp> 
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::error::ErrorCode;
-    use crate::master::daemon::RunningMaster;
-    use crate::master::{Clock, MasterConfig, MasterService};
-    use crate::protocol::master_rpc::{
-        MASTER_PROTOCOL_VERSION, MasterRpcRequest, MasterRpcResponse,
-    };
+    use crate::protocol::master_rpc::{MasterRpcRequest, MasterRpcResponse};
 
     type Client = BlockingClient<MasterRpcRequest, MasterRpcResponse>;
-
-    fn exist(client: &mut Client, key: &str) -> Vec<crate::error::CodeResult<bool>> {
-        let request = MasterRpcRequest::Exist {
-            keys: vec![key.to_string()],
-        };
-        match client.call(request, Duration::from_secs(5)) {
-            Ok(MasterRpcResponse::Exist(answer)) => answer,
-            other => panic!("unexpected answer {other:?}"),
-        }
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-    async fn a_blocking_client_is_served_by_the_tarpc_server() {
-        let master = Arc::new(MasterService::new(MasterConfig::default(), Clock::System));
-        let address = "127.0.0.1:0".parse().expect("address");
-        let running = RunningMaster::start(master, address, 7, None)
-            .await
-            .expect("master starts");
-        let address = running.rpc_address;
-        tokio::task::spawn_blocking(move || {
-            let stream = TcpStream::connect(address).expect("connect");
-            let mut client = Client::new(stream).expect("client");
-            let hello = MasterRpcRequest::Hello {
-                version: MASTER_PROTOCOL_VERSION + 1,
-            };
-            match client.call(hello, Duration::from_secs(5)) {
-                Ok(MasterRpcResponse::Hello(answer)) => {
-                    assert_eq!(answer, Err(ErrorCode::INVALID_VERSION));
-                }
-                other => panic!("unexpected answer {other:?}"),
-            }
-            // Consecutive calls on one connection each get their own answer.
-            assert_eq!(exist(&mut client, "missing"), vec![Ok(false)]);
-            assert_eq!(exist(&mut client, "missing too"), vec![Ok(false)]);
-        })
-        .await
-        .expect("client thread");
-    }
 
     #[test]
     fn a_silent_peer_times_out_and_a_garbage_answer_is_malformed() {

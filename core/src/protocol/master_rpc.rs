@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::CodeResult;
-use crate::master::{ClientStatus, MasterStats, OffloadWork, PutStarted, TaskInfo, TaskWork};
+use crate::master_api::{ClientStatus, MasterStats, OffloadWork, PutStarted, TaskInfo, TaskWork};
 use crate::protocol::rpc::WriteMode;
 use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 

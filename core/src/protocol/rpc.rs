@@ -13,7 +13,7 @@ use serde_bytes::ByteBuf;
 
 use super::bounded::{self, Batch, Elements};
 use crate::error::CodeResult;
-use crate::master::{MasterStats, TaskInfo};
+use crate::master_api::{MasterStats, TaskInfo};
 use crate::types::{ReplicaDescriptor, ReplicateConfig};
 
 /// Deadline for calls that only touch metadata.

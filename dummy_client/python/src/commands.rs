@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 /// SIGTERM, without the GIL; returns the exit status.
 #[pyfunction]
 fn _run_master(py: Python<'_>, argv: Vec<String>) -> u8 {
-    py.detach(move || mooncake_core::master::command::main(argv))
+    py.detach(move || mooncake_master::command::main(argv))
 }
 
 /// Runs `mooncake_client` with `argv` (without the program name) until SIGINT or

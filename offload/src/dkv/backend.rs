@@ -13,6 +13,7 @@
 use std::sync::Arc;
 
 use super::{DkvClient, DkvError, scan_all};
+use crate::backend::RecordSource;
 use crate::backend::{
     Eviction, Limits, PreparedBatch, Progress, ReadPlan, RecoveryReport, Room, StorageBackend,
     StoreError, check_batch, encode_record, foreign_batch, record_len,
@@ -197,7 +198,7 @@ impl StorageBackend for DkvStore {
     fn locate(&mut self, key: &str) -> Result<ReadPlan, StoreError> {
         let entry = self.index.read(key).ok_or(StoreError::NotFound)?;
         Ok(ReadPlan::in_store(
-            Arc::clone(&self.client),
+            Arc::new(StoredRecords(Arc::clone(&self.client))),
             self.store_key(key),
             key,
             entry.value_len,
@@ -241,6 +242,30 @@ fn put_all(client: &dyn DkvClient, records: &[(Vec<u8>, Vec<u8>)]) -> Result<(),
         let _ = client.batch_delete(&stored);
     }
     Err(remote(&error))
+}
+
+/// The records of a distributed KV store, as a [`RecordSource`] for read plans.
+#[derive(Debug)]
+struct StoredRecords(Arc<dyn DkvClient>);
+
+impl RecordSource for StoredRecords {
+    fn read_record(
+        &self,
+        store_key: &[u8],
+        head: &mut [u8],
+        value: &mut [u8],
+    ) -> Result<u64, StoreError> {
+        let got = self
+            .0
+            .batch_get(&mut [super::GetInto::split(store_key, head, value)])
+            .pop()
+            .unwrap_or(Err(DkvError::Store("no result".into())));
+        match got {
+            Ok(len) => Ok(len),
+            Err(DkvError::NotFound | DkvError::TooSmall { .. }) => Err(StoreError::NotFound),
+            Err(error) => Err(StoreError::Remote(error.to_string())),
+        }
+    }
 }
 
 #[cfg(test)]

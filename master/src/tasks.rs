@@ -10,9 +10,9 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 
-use crate::types::{ReplicaDescriptor, SegmentId};
+use mooncake_core::master_api::{TaskInfo, TaskStatus};
+use mooncake_core::types::SegmentId;
 
 use super::objects::StoredReplica;
 
@@ -21,67 +21,6 @@ pub const MAX_FINISHED_TASKS: usize = 10_000;
 
 /// Most tasks waiting for or being executed at once.
 pub const MAX_ACTIVE_TASKS: usize = 10_000;
-
-/// What a task does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TaskKind {
-    /// Add replicas on the target segments.
-    Copy,
-    /// Move the replica from a source segment to a target segment.
-    Move,
-}
-
-/// Progress of a task.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TaskStatus {
-    /// Waiting for its executor.
-    Pending,
-    /// Being executed.
-    Running,
-    /// Done.
-    Success,
-    /// Failed with the given error code value.
-    Failed(i32),
-}
-
-impl TaskStatus {
-    /// True once the task succeeded or failed.
-    pub fn is_finished(self) -> bool {
-        matches!(self, TaskStatus::Success | TaskStatus::Failed(_))
-    }
-}
-
-/// A task as reported by `query_task`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskInfo {
-    /// Task id.
-    pub id: u128,
-    /// Copy or move.
-    pub kind: TaskKind,
-    /// The object.
-    pub key: String,
-    /// Target segment names.
-    pub targets: Vec<String>,
-    /// Progress.
-    pub status: TaskStatus,
-}
-
-/// Work handed to the real client that executes a task: copy `source` (a replica in
-/// its own segment) into every one of `targets` (space the master allocated), then
-/// report with `finish_task`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskWork {
-    /// Task id.
-    pub id: u128,
-    /// Copy or move.
-    pub kind: TaskKind,
-    /// The object.
-    pub key: String,
-    /// Where the bytes are now.
-    pub source: ReplicaDescriptor,
-    /// Where to copy them.
-    pub targets: Vec<ReplicaDescriptor>,
-}
 
 /// A task and what the master holds for it.
 #[derive(Debug)]

@@ -2,14 +2,15 @@
 //!
 //! Kept small on purpose: a cluster holds millions of objects, and each costs one
 //! table slot (the key's `Box<str>` plus an [`ObjectEntry`], 80 bytes) and the key's
-//! bytes. The single replica of an ordinary object is stored inline, and times are
-//! 8-byte microsecond [`Stamp`]s instead of 16-byte `Instant`s.
+//! bytes. The single replica of an ordinary object is stored inline, and times are an
+//! 8-byte microsecond [`Stamp`] and millisecond offsets from it instead of 16-byte
+//! `Instant`s.
 
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use crate::allocator::Allocation;
-use crate::types::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus};
+use mooncake_core::allocator::Allocation;
+use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus};
 
 use super::segments::MountedSegment;
 
@@ -184,9 +185,7 @@ impl Stamp {
     fn millis(since: Duration, round_up: bool) -> u64 {
         let whole = u64::try_from(since.as_micros()).unwrap_or(u64::MAX >> 2);
         let partial = round_up && !since.subsec_nanos().is_multiple_of(1_000);
-        whole
-            .saturating_add(u64::from(partial))
-            .min(PINS_STAMP_MASK)
+        whole.saturating_add(u64::from(partial)).min(STAMP_MASK)
     }
 
     /// The instant this stamp stands for.
@@ -195,28 +194,47 @@ impl Stamp {
     }
 }
 
-/// Low 61 bits of [`ObjectEntry::pins`]: the soft-pin deadline stamp (0: none).
-const PINS_STAMP_MASK: u64 = (1 << 61) - 1;
-/// Bit of [`ObjectEntry::pins`]: queued for (or being written to) an SSD tier.
+/// Low 61 bits of [`ObjectEntry::used_and_flags`]: the stamp of the last use.
+const STAMP_MASK: u64 = (1 << 61) - 1;
+/// Bit of [`ObjectEntry::used_and_flags`]: queued for (or being written to) an SSD tier.
 const OFFLOAD_PENDING: u64 = 1 << 61;
-/// Bit of [`ObjectEntry::pins`]: never evicted.
+/// Bit of [`ObjectEntry::used_and_flags`]: never evicted.
 const HARD_PIN: u64 = 1 << 63;
-/// Bit of [`ObjectEntry::pins`]: a copy or move task is unfinished.
+/// Bit of [`ObjectEntry::used_and_flags`]: a copy or move task is unfinished.
 const REPLICATING: u64 = 1 << 62;
+
+/// Longest lease or soft pin an entry records: `u32::MAX` milliseconds (49.7 days);
+/// longer ones are cut to it (the configuration refuses longer TTLs).
+pub const MAX_ENTRY_TTL: Duration = Duration::from_millis(u32::MAX as u64);
+
+/// Milliseconds from `base` to `end`, rounded up (so a deadline never comes early),
+/// 0 when `end` is not after `base`, at most `u32::MAX`.
+fn millis_after(end: Stamp, base: Stamp) -> u32 {
+    let micros = end.0.saturating_sub(base.0);
+    u32::try_from(micros.div_ceil(1000)).unwrap_or(u32::MAX)
+}
 
 /// Metadata of one object: the readable version (if any) and a write in progress (if
 /// any). An upsert writes its new version beside the readable one and swaps at the end,
 /// so readers never see a half-written value.
+///
+/// Its times take 16 bytes: the last use (a [`Stamp`], sharing its word with three
+/// flags), and the ends of the read lease and of the soft pin in milliseconds after it.
 #[derive(Debug)]
 pub struct ObjectEntry {
     /// The version readers get.
     pub readable: Option<Version>,
     /// A write in progress (boxed: rare, and it keeps idle entries small).
     pub pending: Option<Box<PendingWrite>>,
-    /// Removal (unless forced) is refused until then; it doubles as the LRU stamp.
-    lease_until: Stamp,
-    /// Soft-pin deadline, hard pin and task flag (see the `PINS_*` constants).
-    pins: u64,
+    /// The last read or write (low 61 bits): the eviction order, least recently used
+    /// first. Not the lease end, which would rank a read a whole lease ahead of writes
+    /// made after it. The top bits are the hard-pin, task and offload flags.
+    used_and_flags: u64,
+    /// Removal (unless forced) is refused until this many ms after the last use.
+    lease_ms: u32,
+    /// Pinned against the first eviction pass until this many ms after the last use
+    /// (0: not pinned).
+    soft_pin_ms: u32,
 }
 
 impl ObjectEntry {
@@ -225,8 +243,9 @@ impl ObjectEntry {
         ObjectEntry {
             readable: None,
             pending: None,
-            lease_until: Stamp::floor(now),
-            pins: 0,
+            used_and_flags: Stamp::floor(now).0,
+            lease_ms: 0,
+            soft_pin_ms: 0,
         }
     }
 
@@ -235,78 +254,99 @@ impl ObjectEntry {
         self.readable.is_some()
     }
 
-    /// Extends the read lease to at least `until`.
-    pub fn grant_lease(&mut self, until: Instant) {
-        self.lease_until = self.lease_until.max(Stamp::ceil(until));
+    /// The stamp `ms` milliseconds after the last use.
+    fn after_use(&self, ms: u32) -> Stamp {
+        Stamp(self.last_used().0 + u64::from(ms) * 1000)
     }
 
-    /// Records a use at `now` for the LRU order, without granting a lease.
+    /// Records a read at `now` and extends the read lease to at least `now + ttl`.
+    pub fn grant_lease(&mut self, now: Instant, ttl: Duration) {
+        self.touch(now);
+        let until = Stamp::ceil(now + ttl.min(MAX_ENTRY_TTL));
+        self.lease_ms = self.lease_ms.max(millis_after(until, self.last_used()));
+    }
+
+    /// Records a use at `now` for the LRU order, without granting a lease. The lease
+    /// and soft pin keep their ends (rounded up to the millisecond).
     pub fn touch(&mut self, now: Instant) {
-        self.lease_until = self.lease_until.max(Stamp::floor(now));
+        let (old, new) = (self.last_used(), Stamp::floor(now));
+        if new <= old {
+            return;
+        }
+        let (lease_end, pin_end) = (
+            self.after_use(self.lease_ms),
+            self.after_use(self.soft_pin_ms),
+        );
+        self.used_and_flags = (self.used_and_flags & !STAMP_MASK) | new.0;
+        self.lease_ms = millis_after(lease_end, new);
+        if self.soft_pin_ms != 0 {
+            self.soft_pin_ms = millis_after(pin_end, new);
+        }
     }
 
-    /// When the last read lease ends (or the last use, when no lease is active).
+    /// When the last read lease ends (at or before the last use when none was granted).
     pub fn lease_until(&self) -> Instant {
-        self.lease_until.instant()
+        self.after_use(self.lease_ms).instant()
     }
 
-    /// The LRU order key: later means more recently used.
+    /// The LRU order key: the last read or write (later means more recently used).
     pub fn last_used(&self) -> Stamp {
-        self.lease_until
+        Stamp(self.used_and_flags & STAMP_MASK)
     }
 
     /// True while a read lease is active at `now`.
     pub fn has_lease(&self, now: Instant) -> bool {
-        self.lease_until > Stamp::floor(now)
+        self.after_use(self.lease_ms) > Stamp::floor(now)
     }
 
     /// True while a soft pin is active at `now`.
     pub fn is_soft_pinned(&self, now: Instant) -> bool {
-        let until = self.pins & PINS_STAMP_MASK;
-        until != 0 && Stamp(until) > Stamp::floor(now)
+        self.soft_pin_ms != 0 && self.after_use(self.soft_pin_ms) > Stamp::floor(now)
     }
 
     /// Pins the object against eviction (first pass) until `until`; `None` unpins.
     pub fn set_soft_pin(&mut self, until: Option<Instant>) {
-        let stamp = until.map_or(0, |t| Stamp::ceil(t).0.max(1));
-        self.pins = (self.pins & !PINS_STAMP_MASK) | stamp;
+        self.soft_pin_ms = until.map_or(0, |t| {
+            let ms = millis_after(Stamp::ceil(t), self.last_used());
+            ms.max(1)
+        });
     }
 
     /// True when the object is never evicted.
     pub fn is_hard_pinned(&self) -> bool {
-        self.pins & HARD_PIN != 0
+        self.used_and_flags & HARD_PIN != 0
     }
 
     /// Makes the object never evicted.
     pub fn pin_hard(&mut self) {
-        self.pins |= HARD_PIN;
+        self.used_and_flags |= HARD_PIN;
     }
 
     /// True when a copy or move task holds the object.
     pub fn has_task(&self) -> bool {
-        self.pins & REPLICATING != 0
+        self.used_and_flags & REPLICATING != 0
     }
 
     /// True while the object waits for its SSD tier write (not evicted meanwhile).
     pub fn is_offload_pending(&self) -> bool {
-        self.pins & OFFLOAD_PENDING != 0
+        self.used_and_flags & OFFLOAD_PENDING != 0
     }
 
     /// Marks the object as waiting for its SSD tier write (or done).
     pub fn set_offload_pending(&mut self, pending: bool) {
         if pending {
-            self.pins |= OFFLOAD_PENDING;
+            self.used_and_flags |= OFFLOAD_PENDING;
         } else {
-            self.pins &= !OFFLOAD_PENDING;
+            self.used_and_flags &= !OFFLOAD_PENDING;
         }
     }
 
     /// Marks the object held (or released) by a copy or move task.
     pub fn set_task(&mut self, held: bool) {
         if held {
-            self.pins |= REPLICATING;
+            self.used_and_flags |= REPLICATING;
         } else {
-            self.pins &= !REPLICATING;
+            self.used_and_flags &= !REPLICATING;
         }
     }
 }

@@ -14,11 +14,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::error::{CodeResult, ErrorCode};
-use crate::types::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus};
+use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::master_api::OffloadWork;
+use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus};
 
 use super::MasterService;
-use crate::master::objects::ObjectEntry;
+use crate::objects::ObjectEntry;
 
 /// Where an object's disk copy is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,15 +28,6 @@ pub struct DiskCopy {
     pub owner: u128,
     /// Object size.
     pub size: u64,
-}
-
-/// Work for one real client's SSD tier.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct OffloadWork {
-    /// Objects to write to disk: key and size.
-    pub store: Vec<(String, u64)>,
-    /// Keys whose files to delete (removed or replaced objects).
-    pub delete: Vec<String>,
 }
 
 /// One real client's queue: work not fetched yet, and objects fetched but not reported.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::types::MAX_KEY_LEN;
+use mooncake_core::types::MAX_KEY_LEN;
 
 /// How the master picks segments for new replicas (after any preferred segments).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -111,6 +111,11 @@ impl MasterConfig {
         }
         if self.default_kv_lease_ttl.is_zero() || self.client_ttl.is_zero() {
             return Err("--default_kv_lease_ttl and --client_ttl must be larger than zero".into());
+        }
+        if self.default_kv_lease_ttl > crate::objects::MAX_ENTRY_TTL
+            || self.max_kv_soft_pin_ttl > crate::objects::MAX_ENTRY_TTL
+        {
+            return Err("--default_kv_lease_ttl and --max_kv_soft_pin_ttl must be at most 4294967295 ms (49 days)".into());
         }
         Ok(())
     }

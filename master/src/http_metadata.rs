@@ -9,14 +9,14 @@
 //! | no or empty `key` | 400 `Missing key parameter` |
 //! | other methods or paths | 404 `404 Not Found` |
 //!
-//! Values are bounded by [`crate::http::MAX_BODY`], the store by [`MAX_KEYS`] keys.
+//! Values are bounded by [`mooncake_core::http::MAX_BODY`], the store by [`MAX_KEYS`] keys.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::http::{Request, Response, Router};
+use mooncake_core::http::{Request, Response, Router};
 
 /// Most keys the store holds; a PUT of a new key beyond it gets 400.
 pub const MAX_KEYS: usize = 1 << 20;

@@ -4,11 +4,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
-use serde::{Deserialize, Serialize};
 
-use crate::allocator::{Allocation, RangeAllocator};
-use crate::error::ErrorCode;
-use crate::types::SegmentId;
+use mooncake_core::allocator::{Allocation, RangeAllocator};
+use mooncake_core::error::ErrorCode;
+use mooncake_core::master_api::SegmentUsage;
+use mooncake_core::types::SegmentId;
 
 use super::config::AllocationStrategy;
 
@@ -34,21 +34,6 @@ fn mix(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
-}
-
-/// Capacity and usage of one segment, for status reports.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SegmentUsage {
-    /// Segment identifier.
-    pub id: SegmentId,
-    /// Segment name.
-    pub name: String,
-    /// Usable bytes.
-    pub capacity: u64,
-    /// Allocated bytes.
-    pub used: u64,
-    /// Where its owner's transfer engine listens.
-    pub endpoint: String,
 }
 
 impl MountedSegment {

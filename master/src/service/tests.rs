@@ -1,6 +1,6 @@
 use super::*;
-use crate::master::{ClientStatus, LOCAL_OWNER, MAX_REGEX_LEN, TaskStatus};
-use crate::types::SoftPinAction;
+use crate::{ClientStatus, LOCAL_OWNER, MAX_REGEX_LEN, TaskStatus};
+use mooncake_core::types::SoftPinAction;
 
 fn master(capacity: u64) -> (MasterService, Clock) {
     let clock = Clock::manual();
@@ -691,7 +691,7 @@ fn an_object_costs_one_80_byte_slot_plus_its_key() {
     let entry = shard.get("k").expect("stored");
     assert!(matches!(
         entry.readable.as_ref().map(|v| &v.replicas),
-        Some(crate::master::objects::Replicas::One(_))
+        Some(crate::objects::Replicas::One(_))
     ));
 }
 
@@ -725,7 +725,7 @@ fn objects_on_disk_outlive_memory_eviction() {
     let (replicas, _) = master.get_replica_list("k").expect("on disk");
     assert_eq!(
         replicas[0].location,
-        crate::types::ReplicaLocation::Disk {
+        mooncake_core::types::ReplicaLocation::Disk {
             segment_name: "a".into(),
             endpoint: "a:1".into()
         }
@@ -803,7 +803,7 @@ fn with_offload_on_evict_objects_reach_the_disk_only_when_chosen_for_eviction() 
     let (replicas, _) = master.get_replica_list("k").expect("on disk");
     assert!(matches!(
         replicas[0].location,
-        crate::types::ReplicaLocation::Disk { .. }
+        mooncake_core::types::ReplicaLocation::Disk { .. }
     ));
     assert!(
         master.offload_fetch(1, 16).expect("work").store.is_empty(),

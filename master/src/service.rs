@@ -7,56 +7,26 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 
-use crate::error::{CodeResult, ErrorCode};
-use crate::op_metrics::OpMetrics;
-use crate::protocol::auth::ClusterSecret;
-use crate::protocol::grant::{Access, Scope, now_secs};
-use crate::tenant::{Tenant, validate_stored_key};
-use crate::types::{ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentId, SoftPinAction};
+use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::op_metrics::OpMetrics;
+use mooncake_core::protocol::auth::ClusterSecret;
+use mooncake_core::protocol::grant::{Access, Scope, now_secs};
+use mooncake_core::tenant::{Tenant, validate_stored_key};
+use mooncake_core::types::{
+    ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentId, SoftPinAction,
+};
 
-use super::clients::{ClientStatus, ClientTable};
+use mooncake_core::master_api::{ClientStatus, LOCAL_OWNER, MasterStats, PutStarted};
+
+use super::clients::ClientTable;
 use super::clock::Clock;
 use super::config::MasterConfig;
 use super::objects::{ObjectEntry, PendingWrite, StoredReplica, Version};
-use super::segments::{MountedSegment, SegmentTable, SegmentUsage};
+use super::segments::{MountedSegment, SegmentTable};
 use super::tasks::TaskTable;
 
-/// What a successful [`MasterService::put_start`] hands the writer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PutStarted {
-    /// Where to copy the bytes (one entry per replica).
-    pub replicas: Vec<ReplicaDescriptor>,
-    /// Identifies this write in `put_end` / `put_revoke`, so a writer whose write was
-    /// discarded (it was too slow) cannot complete or cancel a newer writer's.
-    pub write_id: u64,
-}
-
-/// Counters for status reports.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MasterStats {
-    /// Readable objects.
-    pub objects: u64,
-    /// Objects whose write is in progress.
-    pub writes_in_progress: u64,
-    /// Every mounted segment.
-    pub segments: Vec<SegmentUsage>,
-    /// Remote real clients heartbeating.
-    pub clients: u64,
-    /// Objects evicted since start.
-    pub evicted_objects: u64,
-    /// Objects with a copy on a real client's SSD tier.
-    pub objects_on_disk: u64,
-    /// Maintenance passes (eviction, lease and client expiry, task timeouts) run since
-    /// start: one every 50 ms, by the master's one maintenance task.
-    pub maintenance_rounds: u64,
-}
-
 pub(super) type Shard = Mutex<HashMap<Box<str>, ObjectEntry>>;
-
-/// Owner id of segments mounted by the master's own process (never expire).
-pub const LOCAL_OWNER: u128 = 0;
 
 /// Space whose release waits for a deadline (a lease or the zombie-write timeout).
 struct DeferredFree {
@@ -66,6 +36,8 @@ struct DeferredFree {
 
 /// Object metadata, placement and leases for a cluster (or one node, embedded).
 pub struct MasterService {
+    /// Random id of this master (changes when it restarts): clients notice a new one.
+    id: u128,
     pub(super) config: MasterConfig,
     pub(super) clock: Clock,
     hasher: RandomState,
@@ -84,7 +56,7 @@ pub struct MasterService {
     pub(super) maintenance_rounds: AtomicU64,
     placement_seed: AtomicU64,
     write_ids: AtomicU64,
-    rpc_metrics: OpMetrics,
+    rpc_metrics: Arc<OpMetrics>,
     disk: Box<[offload::DiskShard]>,
     offload: offload::OffloadQueues,
     /// Signs the replicas handed out (see [`sign_transfers`](MasterService::sign_transfers)).
@@ -109,6 +81,7 @@ impl MasterService {
             .map(|_| Mutex::new(HashMap::new()))
             .collect();
         MasterService {
+            id: mooncake_core::ids::random_id(),
             config,
             clock,
             hasher: RandomState::new(),
@@ -123,7 +96,7 @@ impl MasterService {
             maintenance_rounds: AtomicU64::new(0),
             placement_seed: AtomicU64::new(0),
             write_ids: AtomicU64::new(0),
-            rpc_metrics: OpMetrics::new("master", super::server::RPC_NAMES),
+            rpc_metrics: Arc::new(OpMetrics::new("master", super::server::RPC_NAMES)),
             disk,
             offload: Mutex::new(HashMap::new()),
             grants: std::sync::OnceLock::new(),
@@ -152,14 +125,14 @@ impl MasterService {
         let expires = now_secs().saturating_add(ttl.as_secs()).saturating_add(1);
         for replica in &mut replicas {
             let scope = match &replica.location {
-                crate::types::ReplicaLocation::Memory {
+                mooncake_core::types::ReplicaLocation::Memory {
                     segment, offset, ..
                 } => Scope::Memory {
                     segment: *segment,
                     offset: *offset,
                     len: replica.size,
                 },
-                crate::types::ReplicaLocation::Disk { segment_name, .. } => {
+                mooncake_core::types::ReplicaLocation::Disk { segment_name, .. } => {
                     Scope::Disk { segment_name, key }
                 }
             };
@@ -169,8 +142,13 @@ impl MasterService {
     }
 
     /// Counters of the calls served over the network (see `server`).
-    pub fn rpc_metrics(&self) -> &OpMetrics {
+    pub fn rpc_metrics(&self) -> &Arc<OpMetrics> {
         &self.rpc_metrics
+    }
+
+    /// Random id of this master (changes when it restarts).
+    pub fn id(&self) -> u128 {
+        self.id
     }
 
     /// The settings this master runs with.
@@ -547,7 +525,7 @@ impl MasterService {
                     .as_ref()
                     .map(|v| v.descriptors(ReplicaStatus::Complete))
                     .unwrap_or_default();
-                entry.grant_lease(self.clock.now() + ttl);
+                entry.grant_lease(self.clock.now(), ttl);
                 drop(shard);
                 Ok((self.granted(key, descriptors, Access::Read, ttl), ttl))
             }
@@ -597,7 +575,7 @@ impl MasterService {
         let mut shard = self.shard(key).lock();
         match shard.get_mut(key) {
             Some(entry) if entry.is_readable() => {
-                entry.grant_lease(self.clock.now() + self.config.default_kv_lease_ttl);
+                entry.grant_lease(self.clock.now(), self.config.default_kv_lease_ttl);
                 Ok(true)
             }
             _ => {
@@ -853,6 +831,6 @@ pub(super) fn free_now(replicas: Vec<StoredReplica>) {
 mod offload;
 mod replication;
 
-pub use offload::{DiskCopy, OffloadWork};
+pub use offload::DiskCopy;
 #[cfg(test)]
 mod tests;

@@ -2,5 +2,5 @@
 //! until SIGINT or SIGTERM. Bad configuration exits with code 2 and one line on stderr.
 
 fn main() -> std::process::ExitCode {
-    mooncake_core::master::command::main(std::env::args().skip(1)).into()
+    mooncake_master::command::main(std::env::args().skip(1)).into()
 }

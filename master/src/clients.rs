@@ -11,20 +11,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use mooncake_core::master_api::ClientStatus;
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
-
-/// What a heartbeat tells the real client.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ClientStatus {
-    /// Known and alive.
-    Ok,
-    /// Unknown to this master: mount your segments again.
-    NeedRemount,
-    /// Another instance mounted this client's segment name; it no longer owns a segment
-    /// and must not mount it again.
-    Displaced,
-}
 
 /// Displaced clients remembered (the oldest are forgotten first).
 pub const MAX_DISPLACED: usize = 1024;

@@ -10,31 +10,35 @@ use tarpc::server::BaseChannel;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
-use crate::error::{CodeResult, ErrorCode};
-use crate::protocol::auth::{self, ClusterSecret};
-use crate::protocol::codec;
-use crate::protocol::master_rpc::{
+use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::protocol::auth::{self, ClusterSecret};
+use mooncake_core::protocol::codec;
+use mooncake_core::protocol::master_rpc::{
     MASTER_PROTOCOL_VERSION, MAX_MASTER_BATCH, MasterHello, MasterRpc, MasterRpcRequest,
 };
-use crate::protocol::rpc::WriteMode;
-use crate::protocol::serving::serve_connection;
-use crate::tenant::Tenant;
-use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
+use mooncake_core::protocol::rpc::WriteMode;
+use mooncake_core::protocol::serving::serve_connection;
+use mooncake_core::tenant::Tenant;
+use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
-use super::{
-    ClientStatus, MasterService, MasterStats, OffloadWork, PutStarted, TaskInfo, TaskWork,
+use mooncake_core::master_api::{
+    ClientStatus, Master, MasterStats, OffloadWork, PutStarted, TaskInfo, TaskWork,
 };
+use mooncake_core::op_metrics::OpMetrics;
+
+use super::MasterService;
 
 /// How often maintenance (liveness, eviction, expired holds) runs.
 pub const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(50);
 
-/// Serves one connection's requests against the shared master.
+/// Serves one connection's requests against a master: any [`Master`], in this process
+/// or (for a relay) another one.
 #[derive(Clone, Debug)]
 pub struct MasterHandler {
     /// The master.
-    pub master: Arc<MasterService>,
-    /// Random id of this master process.
-    pub master_id: u128,
+    pub master: Arc<dyn Master>,
+    /// Where each call is counted (the `mooncake_master_*` metrics).
+    pub metrics: Arc<OpMetrics>,
 }
 
 /// The master calls that are counted in `mooncake_master_*` metrics.
@@ -64,7 +68,18 @@ pub const RPC_NAMES: &[&str] = &[
     "task",
 ];
 
+/// Every item of a batch larger than [`MAX_MASTER_BATCH`] fails with `INVALID_PARAMS`
+/// (clients split their batches at that size).
+fn oversized<T>(len: usize) -> Option<Vec<CodeResult<T>>> {
+    (len > MAX_MASTER_BATCH).then(|| (0..len).map(|_| Err(ErrorCode::INVALID_PARAMS)).collect())
+}
+
 impl MasterHandler {
+    /// A handler serving `master` that counts calls in `metrics`.
+    pub fn new(master: Arc<dyn Master>, metrics: Arc<OpMetrics>) -> Self {
+        MasterHandler { master, metrics }
+    }
+
     /// Counts one call of `op` that started at `started` and returns its result.
     fn counted<T>(
         &self,
@@ -73,27 +88,9 @@ impl MasterHandler {
         bytes: u64,
         result: CodeResult<T>,
     ) -> CodeResult<T> {
-        self.master
-            .rpc_metrics()
+        self.metrics
             .record(op as usize, started.elapsed(), bytes, &result);
         result
-    }
-
-    /// Applies `apply` to each `(key, write id)` of a batch and counts each outcome.
-    fn each_write(
-        &self,
-        op: RpcOp,
-        items: &[(String, u64)],
-        apply: impl Fn(&str, u64) -> CodeResult<()>,
-    ) -> Vec<CodeResult<()>> {
-        if items.len() > MAX_MASTER_BATCH {
-            return vec![Err(ErrorCode::INVALID_PARAMS); items.len()];
-        }
-        let started = Instant::now();
-        items
-            .iter()
-            .map(|(key, id)| self.counted(op, started, 0, apply(key, *id)))
-            .collect()
     }
 
     /// Counts each item of a batch call of `op`.
@@ -105,9 +102,7 @@ impl MasterHandler {
     ) -> Vec<CodeResult<T>> {
         let elapsed = started.elapsed();
         for result in &results {
-            self.master
-                .rpc_metrics()
-                .record(op as usize, elapsed, 0, result);
+            self.metrics.record(op as usize, elapsed, 0, result);
         }
         results
     }
@@ -118,12 +113,7 @@ impl MasterRpc for MasterHandler {
         if version != MASTER_PROTOCOL_VERSION {
             return Err(ErrorCode::INVALID_VERSION);
         }
-        let lease = self.master.config().default_kv_lease_ttl;
-        Ok(MasterHello {
-            version: MASTER_PROTOCOL_VERSION,
-            master_id: self.master_id,
-            lease_ttl_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
-        })
+        self.master.hello().await
     }
 
     async fn mount_segment(
@@ -137,18 +127,23 @@ impl MasterRpc for MasterHandler {
         let started = Instant::now();
         let result = self
             .master
-            .mount_segment(&name, capacity, client, &endpoint);
+            .mount_segment(client, name, capacity, endpoint)
+            .await;
         self.counted(RpcOp::MountSegment, started, capacity, result)
     }
 
     async fn unmount_client(self, _: Context, client: u128) -> CodeResult<()> {
-        self.master.remove_client(client);
-        Ok(())
+        self.master.unmount_client(client).await
     }
 
     async fn heartbeat(self, _: Context, client: u128) -> ClientStatus {
         let started = Instant::now();
-        let status = self.master.heartbeat(client);
+        // A relayed master that cannot be reached is as good as one that forgot us.
+        let status = self
+            .master
+            .heartbeat(client)
+            .await
+            .unwrap_or(ClientStatus::NeedRemount);
         let _ = self.counted(RpcOp::Heartbeat, started, 0, Ok(()));
         status
     }
@@ -160,33 +155,37 @@ impl MasterRpc for MasterHandler {
         config: ReplicateConfig,
         mode: WriteMode,
     ) -> Vec<CodeResult<PutStarted>> {
-        if items.len() > MAX_MASTER_BATCH {
-            return vec![Err(ErrorCode::INVALID_PARAMS); items.len()];
+        if let Some(refused) = oversized(items.len()) {
+            return refused;
         }
         let started = Instant::now();
-        items
-            .iter()
-            .map(|(key, size)| {
-                let result = match mode {
-                    WriteMode::Put => self.master.put_start(key, *size, &config),
-                    WriteMode::Upsert => self.master.upsert_start(key, *size, &config),
-                };
-                let bytes = if result.is_ok() { *size } else { 0 };
-                self.counted(RpcOp::PutStart, started, bytes, result)
-            })
-            .collect()
+        let sizes: Vec<u64> = items.iter().map(|(_, size)| *size).collect();
+        let results = self.master.put_start(items, config, mode).await;
+        let elapsed = started.elapsed();
+        for (result, size) in results.iter().zip(sizes) {
+            let bytes = if result.is_ok() { size } else { 0 };
+            self.metrics
+                .record(RpcOp::PutStart as usize, elapsed, bytes, result);
+        }
+        results
     }
 
     async fn put_end(self, _: Context, items: Vec<(String, u64)>) -> Vec<CodeResult<()>> {
-        self.each_write(RpcOp::PutEnd, &items, |key, id| {
-            self.master.put_end(key, id)
-        })
+        if let Some(refused) = oversized(items.len()) {
+            return refused;
+        }
+        let started = Instant::now();
+        let results = self.master.put_end(items).await;
+        self.counted_all(RpcOp::PutEnd, started, results)
     }
 
     async fn put_revoke(self, _: Context, items: Vec<(String, u64)>) -> Vec<CodeResult<()>> {
-        self.each_write(RpcOp::PutRevoke, &items, |key, id| {
-            self.master.put_revoke(key, id)
-        })
+        if let Some(refused) = oversized(items.len()) {
+            return refused;
+        }
+        let started = Instant::now();
+        let results = self.master.put_revoke(items).await;
+        self.counted_all(RpcOp::PutRevoke, started, results)
     }
 
     async fn get_replica_list(
@@ -195,33 +194,37 @@ impl MasterRpc for MasterHandler {
         keys: Vec<String>,
         lease_ms: Option<u64>,
     ) -> Vec<CodeResult<(Vec<ReplicaDescriptor>, u64)>> {
-        if keys.len() > MAX_MASTER_BATCH {
-            return vec![Err(ErrorCode::INVALID_PARAMS); keys.len()];
+        if let Some(refused) = oversized(keys.len()) {
+            return refused;
         }
         let started = Instant::now();
         let lease = lease_ms.map(Duration::from_millis);
-        keys.iter()
-            .map(|key| {
-                let result =
-                    self.master
-                        .get_replica_list_leased(key, lease)
-                        .map(|(replicas, lease)| {
-                            let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
-                            (replicas, lease_ms)
-                        });
-                self.counted(RpcOp::GetReplicaList, started, 0, result)
+        let results = self.master.get_replica_list(keys, lease).await;
+        let results = results
+            .into_iter()
+            .map(|result| {
+                result.map(|(replicas, lease)| {
+                    (
+                        replicas,
+                        u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+                    )
+                })
             })
-            .collect()
+            .collect();
+        self.counted_all(RpcOp::GetReplicaList, started, results)
     }
 
     async fn exist(self, _: Context, keys: Vec<String>) -> Vec<CodeResult<bool>> {
+        if let Some(refused) = oversized(keys.len()) {
+            return refused;
+        }
         let started = Instant::now();
-        let results = keys.iter().map(|k| self.master.exist(k)).collect();
+        let results = self.master.exist(keys).await;
         self.counted_all(RpcOp::Exist, started, results)
     }
 
     async fn object_size(self, _: Context, key: String) -> CodeResult<u64> {
-        self.master.object_size(&key)
+        self.master.object_size(key).await
     }
 
     async fn replica_desc(
@@ -229,14 +232,18 @@ impl MasterRpc for MasterHandler {
         _: Context,
         keys: Vec<String>,
     ) -> Vec<CodeResult<Vec<ReplicaDescriptor>>> {
-        keys.iter()
-            .map(|k| self.master.replica_descriptors(k))
-            .collect()
+        if let Some(refused) = oversized(keys.len()) {
+            return refused;
+        }
+        self.master.replica_desc(keys).await
     }
 
     async fn remove(self, _: Context, keys: Vec<String>, force: bool) -> Vec<CodeResult<()>> {
+        if let Some(refused) = oversized(keys.len()) {
+            return refused;
+        }
         let started = Instant::now();
-        let results = self.master.batch_remove(&keys, force);
+        let results = self.master.remove(keys, force).await;
         self.counted_all(RpcOp::Remove, started, results)
     }
 
@@ -248,12 +255,12 @@ impl MasterRpc for MasterHandler {
         force: bool,
     ) -> CodeResult<u64> {
         let tenant = Tenant::new(&tenant).map_err(|_| ErrorCode::INVALID_PARAMS)?;
-        self.master.remove_by_regex_of(&tenant, &pattern, force)
+        self.master.remove_by_regex(tenant, pattern, force).await
     }
 
     async fn remove_all(self, _: Context, tenant: String, force: bool) -> CodeResult<u64> {
         let tenant = Tenant::new(&tenant).map_err(|_| ErrorCode::INVALID_PARAMS)?;
-        Ok(self.master.remove_all_of(&tenant, force))
+        self.master.remove_all(tenant, force).await
     }
 
     async fn create_copy_task(
@@ -264,7 +271,7 @@ impl MasterRpc for MasterHandler {
         id: u128,
     ) -> CodeResult<u128> {
         let started = Instant::now();
-        let result = self.master.create_copy_task(&key, &targets, id);
+        let result = self.master.create_copy_task(key, targets, id).await;
         self.counted(RpcOp::Task, started, 0, result)
     }
 
@@ -277,17 +284,19 @@ impl MasterRpc for MasterHandler {
         id: u128,
     ) -> CodeResult<u128> {
         let started = Instant::now();
-        let result = self.master.create_move_task(&key, &source, &target, id);
+        let result = self.master.create_move_task(key, source, target, id).await;
         self.counted(RpcOp::Task, started, 0, result)
     }
 
     async fn query_task(self, _: Context, id: u128) -> CodeResult<TaskInfo> {
-        self.master.query_task(id)
+        self.master.query_task(id).await
     }
 
     async fn fetch_tasks(self, _: Context, client: u128, max: u32) -> Vec<TaskWork> {
         self.master
-            .fetch_tasks(client, usize::try_from(max).unwrap_or(usize::MAX))
+            .fetch_tasks(client, max)
+            .await
+            .unwrap_or_default()
     }
 
     async fn finish_task(
@@ -297,16 +306,15 @@ impl MasterRpc for MasterHandler {
         id: u128,
         outcome: Result<(), i32>,
     ) -> CodeResult<()> {
-        self.master.finish_task(client, id, outcome)
+        self.master.finish_task(client, id, outcome).await
     }
 
     async fn enable_offload(self, _: Context, client: u128) -> CodeResult<()> {
-        self.master.enable_offload(client)
+        self.master.enable_offload(client).await
     }
 
     async fn offload_fetch(self, _: Context, client: u128, max: u32) -> CodeResult<OffloadWork> {
-        self.master
-            .offload_fetch(client, usize::try_from(max).unwrap_or(usize::MAX))
+        self.master.offload_fetch(client, max).await
     }
 
     async fn offload_done(
@@ -315,15 +323,15 @@ impl MasterRpc for MasterHandler {
         client: u128,
         objects: Vec<(String, u64)>,
     ) -> CodeResult<()> {
-        self.master.offload_done(client, &objects)
+        self.master.offload_done(client, objects).await
     }
 
     async fn disk_evicted(self, _: Context, client: u128, keys: Vec<String>) {
-        self.master.disk_evicted(client, &keys);
+        let _ = self.master.disk_evicted(client, keys).await;
     }
 
     async fn stats(self, _: Context) -> MasterStats {
-        self.master.stats()
+        self.master.stats().await.unwrap_or_default()
     }
 }
 
@@ -358,7 +366,7 @@ pub async fn serve(
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
-            () = crate::process::stop_requested(&mut shutdown) => break,
+            () = mooncake_core::process::stop_requested(&mut shutdown) => break,
         }
     }
 }
@@ -408,7 +416,7 @@ pub async fn maintain(master: Arc<MasterService>, mut shutdown: watch::Receiver<
                 let master = Arc::clone(&master);
                 let _ = tokio::task::spawn_blocking(move || master.maintenance()).await;
             }
-            () = crate::process::stop_requested(&mut shutdown) => break,
+            () = mooncake_core::process::stop_requested(&mut shutdown) => break,
         }
     }
 }

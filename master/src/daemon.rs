@@ -8,12 +8,14 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::config_file;
-use crate::flags::{
+use mooncake_core::config_file;
+use mooncake_core::flags::{
     self, ARENA_FLAGS, Accepts, Compat, FlagError, FlagSpec, GFLAGS, ParsedFlags, Program,
 };
-use crate::logging::{LOG_FLAGS, LogError, LogSettings};
-use crate::protocol::auth::{AUTH_FLAGS, ClusterSecret, SecretError};
+use mooncake_core::logging::{LOG_FLAGS, LogError, LogSettings};
+use mooncake_core::protocol::auth::{AUTH_FLAGS, ClusterSecret, SecretError};
+
+use mooncake_core::master_api::Master;
 
 use super::server::{self, MasterHandler};
 use super::{AllocationStrategy, Clock, MasterConfig, MasterService};
@@ -660,13 +662,16 @@ pub enum DaemonError {
     },
 }
 
-/// A master serving on its sockets, with its background tasks.
+/// A master at work: its one maintenance task (eviction, lease and client expiry, task
+/// timeouts) and, when served, its RPC server. Whatever serves a master, it is
+/// maintained by exactly one task: this one.
 #[derive(Debug)]
 pub struct RunningMaster {
     /// The master.
     pub master: Arc<MasterService>,
-    /// Where the RPC server listens (the real port when 0 was asked).
-    pub rpc_address: SocketAddr,
+    /// Where the RPC server listens (the real port when 0 was asked); `None` when the
+    /// master is not served (an embedded master nobody else reaches).
+    pub rpc_address: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -677,7 +682,6 @@ impl RunningMaster {
     pub async fn start(
         master: Arc<MasterService>,
         rpc_address: SocketAddr,
-        master_id: u128,
         secret: Option<Arc<ClusterSecret>>,
     ) -> Result<Self, DaemonError> {
         let listener =
@@ -687,38 +691,51 @@ impl RunningMaster {
                     address: rpc_address,
                     source,
                 })?;
-        Self::serve(master, listener, master_id, secret)
+        Self::serve(master, listener, secret)
     }
 
     /// Starts serving `master` (with maintenance) on a bound `listener`.
     pub fn serve(
         master: Arc<MasterService>,
         listener: TcpListener,
-        master_id: u128,
         secret: Option<Arc<ClusterSecret>>,
     ) -> Result<Self, DaemonError> {
         let rpc_address = listener.local_addr().map_err(|source| DaemonError::Bind {
             address: SocketAddr::from(([0, 0, 0, 0], 0)),
             source,
         })?;
-        let (stop, _) = watch::channel(false);
-        let handler = MasterHandler {
-            master: Arc::clone(&master),
-            master_id,
-        };
-        let tasks = vec![
-            tokio::spawn(server::serve(listener, handler, secret, stop.subscribe())),
-            tokio::spawn(server::maintain(Arc::clone(&master), stop.subscribe())),
-        ];
-        Ok(RunningMaster {
-            master,
-            rpc_address,
-            stop,
-            tasks,
-        })
+        let mut running = Self::unserved(master);
+        let handler = MasterHandler::new(
+            Arc::clone(&running.master) as Arc<dyn Master>,
+            Arc::clone(running.master.rpc_metrics()),
+        );
+        running.tasks.push(tokio::spawn(server::serve(
+            listener,
+            handler,
+            secret,
+            running.stop.subscribe(),
+        )));
+        running.rpc_address = Some(rpc_address);
+        Ok(running)
     }
 
-    /// Stops serving and waits for the background tasks.
+    /// Starts `master`'s maintenance only: a master that is not served (embedded, and
+    /// reached by nobody else).
+    pub fn unserved(master: Arc<MasterService>) -> Self {
+        let (stop, _) = watch::channel(false);
+        let tasks = vec![tokio::spawn(server::maintain(
+            Arc::clone(&master),
+            stop.subscribe(),
+        ))];
+        RunningMaster {
+            master,
+            rpc_address: None,
+            stop,
+            tasks,
+        }
+    }
+
+    /// Stops serving and maintaining, and waits for the background tasks.
     pub async fn stop(self) {
         self.stop.send_replace(true);
         for task in self.tasks {
@@ -730,7 +747,6 @@ impl RunningMaster {
 /// Runs a standalone master until `shutdown` completes.
 pub async fn run(
     config: MasterDaemonConfig,
-    master_id: u128,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), DaemonError> {
     let master = Arc::new(MasterService::new(config.master.clone(), Clock::System));
@@ -741,10 +757,10 @@ pub async fn run(
     let running = RunningMaster::start(
         Arc::clone(&master),
         config.rpc_address,
-        master_id,
         config.cluster_secret.clone(),
     )
     .await?;
+    let rpc_address = running.rpc_address.unwrap_or(config.rpc_address);
     match &config.cluster_secret {
         Some(secret) => {
             master.sign_transfers(Arc::clone(secret));
@@ -754,12 +770,12 @@ pub async fn run(
             );
         }
         None => tracing::warn!(
-            rpc = %running.rpc_address,
+            rpc = %rpc_address,
             "no --cluster_secret_file: the master port is unauthenticated; anyone who can reach it can read, overwrite and wipe the store (see docs/security.md)"
         ),
     }
     tracing::info!(
-        rpc = %running.rpc_address,
+        rpc = %rpc_address,
         cluster_id = %config.cluster_id,
         threads = config.threads,
         lease_ttl_ms = config.master.default_kv_lease_ttl.as_millis(),
@@ -775,7 +791,7 @@ pub async fn run(
         "mooncake_master serving"
     );
     let metrics = config.metrics_address.map(|address| {
-        tokio::spawn(crate::http::serve(
+        tokio::spawn(mooncake_core::http::serve(
             address,
             super::admin_http::router(Arc::clone(&master)),
         ))
@@ -798,7 +814,7 @@ async fn serve_metadata(address: SocketAddr) -> Result<tokio::task::JoinHandle<(
         .await
         .map_err(|source| DaemonError::MetadataBind { address, source })?;
     let store = Arc::new(crate::http_metadata::MetadataStore::default());
-    Ok(tokio::spawn(crate::http::serve_listener(
+    Ok(tokio::spawn(mooncake_core::http::serve_listener(
         listener,
         store.router(),
     )))

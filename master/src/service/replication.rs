@@ -7,11 +7,12 @@
 
 use std::time::Instant;
 
-use crate::error::{CodeResult, ErrorCode};
-use crate::master::objects::{StoredReplica, Version, describe};
-use crate::master::tasks::{TaskInfo, TaskKind, TaskRecord, TaskStatus, TaskWork};
-use crate::protocol::grant::Access;
-use crate::types::{ReplicaDescriptor, ReplicaStatus, SegmentId};
+use crate::objects::{StoredReplica, Version, describe};
+use crate::tasks::TaskRecord;
+use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::master_api::{TaskInfo, TaskKind, TaskStatus, TaskWork};
+use mooncake_core::protocol::grant::Access;
+use mooncake_core::types::{ReplicaDescriptor, ReplicaStatus, SegmentId};
 
 use super::{MasterService, free_now};
 
@@ -282,7 +283,7 @@ impl MasterService {
     }
 
     /// Fails every unfinished task of a real client that went away.
-    pub(in crate::master) fn fail_tasks_of(&self, executor: u128) {
+    pub(crate) fn fail_tasks_of(&self, executor: u128) {
         for id in self.tasks.unfinished_of(executor) {
             self.end_task(
                 id,
@@ -293,7 +294,7 @@ impl MasterService {
     }
 
     /// Fails tasks left pending or running past their timeouts.
-    pub(in crate::master) fn expire_tasks(&self, now: Instant) {
+    pub(crate) fn expire_tasks(&self, now: Instant) {
         let overdue = self.tasks.overdue(
             now,
             self.config.pending_task_timeout,

@@ -12,10 +12,10 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use crate::error::ErrorCode;
-use crate::http::{self, Request, Response, Router};
-use crate::tenant::Tenant;
-use crate::types::{ReplicaDescriptor, ReplicaLocation};
+use mooncake_core::error::ErrorCode;
+use mooncake_core::http::{self, Request, Response, Router};
+use mooncake_core::tenant::Tenant;
+use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation};
 
 use super::MasterService;
 
@@ -77,7 +77,7 @@ fn error_body(code: ErrorCode) -> String {
 fn tenant(request: &Request) -> Result<Tenant, Response> {
     let name = request
         .param("tenant")
-        .unwrap_or_else(|| crate::tenant::DEFAULT_TENANT.to_string());
+        .unwrap_or_else(|| mooncake_core::tenant::DEFAULT_TENANT.to_string());
     Tenant::new(&name).map_err(|_| Response::new(400, JSON, error_body(ErrorCode::INVALID_PARAMS)))
 }
 
@@ -212,8 +212,8 @@ fn summary(master: &MasterService) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::master::{Clock, MasterConfig};
-    use crate::types::ReplicateConfig;
+    use crate::{Clock, MasterConfig};
+    use mooncake_core::types::ReplicateConfig;
 
     fn get(master: &Arc<MasterService>, target: &str) -> Response {
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
@@ -245,7 +245,7 @@ mod tests {
             .mount_segment(
                 "127.0.0.1:50052",
                 1 << 20,
-                super::super::LOCAL_OWNER,
+                crate::LOCAL_OWNER,
                 "127.0.0.1:9",
             )
             .expect("mount");
