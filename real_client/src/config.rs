@@ -61,6 +61,7 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
     FlagSpec::value("max_dummy_shm_size", None, "most shared memory one dummy may register (default: physical memory)").ours(),
     FlagSpec::value("max_total_dummy_shm_size", None, "most shared memory all dummies together may register (default: physical memory)").ours(),
     FlagSpec::value("max_dummy_sessions", Some("1024"), "most dummies attached at once").ours(),
+    FlagSpec::value("max_hard_pinned_bytes_per_dummy", None, "most bytes of hard-pinned objects one dummy may hold (default: --global_segment_size, or physical memory for a pure client)").ours(),
     FlagSpec::value("default_kv_lease_ttl", Some("10000"), "read lease of the embedded master in ms (or 10s, 500ms)").ours(),
     FlagSpec::value("threads", Some("0"), "worker threads; 0 means one per core")
         .compat(Compat::Differs("threads of the async runtime; default 0 = one per core (upstream: 1)")),
@@ -116,6 +117,9 @@ pub struct RealClientConfig {
     pub max_total_dummy_shm_size: u64,
     /// Most dummies attached at once.
     pub max_dummy_sessions: usize,
+    /// Most bytes of hard-pinned objects one dummy may hold (`None`: see
+    /// [`hard_pin_quota`](Self::hard_pin_quota)).
+    pub max_hard_pinned_bytes_per_dummy: Option<u64>,
     /// Worker threads (0: one per core).
     pub threads: usize,
     /// Tenant id.
@@ -178,6 +182,32 @@ fn invalid(flag: &'static str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
+/// What an application that runs a real client in its own process (the Python
+/// `setup()`) sets itself; see [`RealClientConfig::embedded`].
+#[derive(Clone, Debug, Default)]
+pub struct EmbeddedOptions {
+    /// Host part of the segment name (and the address peers reach).
+    pub host: String,
+    /// Port part of the segment name.
+    pub port: u16,
+    /// Memory this process contributes to the pool (0: a pure client of a cluster).
+    pub global_segment_size: u64,
+    /// `host:port` of a cluster's master; empty or `embedded` for a master in this
+    /// process.
+    pub master_address: String,
+    /// Transfer protocol (only `tcp`).
+    pub protocol: String,
+    /// Tenant whose key space the process uses (`None`: the environment's or the
+    /// default).
+    pub tenant_id: Option<String>,
+    /// Whether the SSD tier is on.
+    pub enable_offload: bool,
+    /// The SSD tier's directory (`None`: `MOONCAKE_OFFLOAD_FILE_STORAGE_PATH`).
+    pub offload_path: Option<String>,
+    /// Port of the HTTP status server (`None`: not served).
+    pub http_port: Option<u16>,
+}
+
 impl RealClientConfig {
     /// Parses command-line arguments (without the program name) and the environment
     /// (no configuration file: for embedders that pass every setting).
@@ -201,10 +231,7 @@ impl RealClientConfig {
 
     /// Builds and validates the settings from parsed flags.
     pub fn from_flags(flags: &ParsedFlags) -> Result<Self, ConfigError> {
-        let port: u16 = flags.number("port")?.unwrap_or(DEFAULT_REAL_CLIENT_PORT);
-        if port == 0 {
-            return Err(invalid("port", "must be between 1 and 65535"));
-        }
+        let port = checked_port(flags.number("port")?.unwrap_or(DEFAULT_REAL_CLIENT_PORT))?;
         let socket = match flags.string("socket_path") {
             Some(path) => SocketAddress::parse(&format!("unix:{path}"))
                 .map_err(|e| invalid("socket_path", e.to_string()))?,
@@ -215,53 +242,26 @@ impl RealClientConfig {
         let global_segment_size = flags.size("global_segment_size")?.unwrap_or(0);
         let master_address =
             parse_master_address(&flags.string("master_server_address").unwrap_or_default())?;
-        if global_segment_size == 0 && master_address.is_none() {
-            return Err(invalid(
-                "global_segment_size",
-                "0 (a pure client that contributes no memory) needs the master of a cluster (--master_server_address=host:port); with the embedded master give a size such as 4GB",
-            ));
-        }
-        let protocol = flags.string("protocol").unwrap_or_default();
-        if protocol != "tcp" {
-            return Err(invalid(
-                "protocol",
-                format!("{protocol:?}: only tcp is available in this build"),
-            ));
-        }
-        let offload = if flags.bool("enable_offload")? {
-            let mut settings = mooncake_offload::config::OffloadConfig::from_env()
-                .map_err(|error| invalid("enable_offload", error.to_string()))?;
-            if let Some(path) = flags.string("offload_path") {
-                settings.path = path.into();
-            }
-            if settings.backend != mooncake_offload::config::BackendKind::DistributedKv {
-                mooncake_offload::config::validate_path(&settings.path)
-                    .map_err(|error| invalid("enable_offload", error.to_string()))?;
-            }
-            Some(settings)
-        } else {
-            None
-        };
+        check_pure_client(global_segment_size, master_address.as_deref())?;
+        check_protocol(&flags.string("protocol").unwrap_or_default())?;
+        let offload = offload_settings(
+            flags.bool("enable_offload")?,
+            flags.string("offload_path").as_deref(),
+        )?;
         let lease = flags
             .duration("default_kv_lease_ttl", true)?
             .unwrap_or(Duration::from_secs(10));
-        if lease.is_zero() {
-            return Err(invalid("default_kv_lease_ttl", "must be larger than zero"));
+        if lease.is_zero() || lease > mooncake_master::MAX_ENTRY_TTL {
+            return Err(invalid(
+                "default_kv_lease_ttl",
+                "must be larger than zero and at most 4294967295 ms (49 days)",
+            ));
         }
         let allowed_uids = parse_uids(flags.string("allowed_uids").as_deref().unwrap_or(""))?;
         let local_buffer_size = flags.size("local_buffer_size")?.unwrap_or(0);
         let log = LogSettings::from_flags(PROGRAM.name, flags)?;
-        if flags
-            .string("host")
-            .is_some_and(|h| h.parse::<std::net::SocketAddr>().is_ok())
-        {
-            return Err(invalid(
-                "host",
-                "upstream's ip:port form is not accepted; give the address in --host and the port in --transfer_port",
-            ));
-        }
         Ok(RealClientConfig {
-            host: flags.string("host").unwrap_or_else(|| "0.0.0.0".into()),
+            host: checked_host(flags.string("host").unwrap_or_else(|| "0.0.0.0".into()))?,
             port,
             socket,
             allowed_uids,
@@ -275,6 +275,7 @@ impl RealClientConfig {
             max_dummy_sessions: flags
                 .number("max_dummy_sessions")?
                 .unwrap_or(DEFAULT_MAX_DUMMY_SESSIONS),
+            max_hard_pinned_bytes_per_dummy: flags.size("max_hard_pinned_bytes_per_dummy")?,
             threads: flags.number("threads")?.unwrap_or(0),
             tenant_id: tenant_flag(flags)?,
             master_address,
@@ -310,6 +311,46 @@ impl RealClientConfig {
                 .map_err(|error| invalid("cluster_secret_file", error.to_string()))?
                 .map(Arc::new),
         })
+    }
+
+    /// The settings of a real client inside an application's process (the Python
+    /// `setup()`): what `options` gives, typed, over the environment and the defaults as
+    /// `mooncake_client` reads them. Such a real client neither serves its master to
+    /// other processes nor listens for dummies.
+    pub fn embedded(options: EmbeddedOptions) -> Result<Self, ConfigError> {
+        let environment = flags::parse(&PROGRAM, Vec::<String>::new(), |var| {
+            std::env::var(var).ok()
+        })?;
+        let mut config = Self::from_flags(&environment)?;
+        config.host = checked_host(options.host)?;
+        config.port = checked_port(options.port)?;
+        config.socket = None;
+        config.embedded_master_port = 0;
+        config.global_segment_size = options.global_segment_size;
+        config.master_address = parse_master_address(&options.master_address)?;
+        check_pure_client(config.global_segment_size, config.master_address.as_deref())?;
+        check_protocol(&options.protocol)?;
+        if let Some(tenant) = options.tenant_id {
+            config.tenant_id = checked_tenant(tenant)?;
+        }
+        config.offload = offload_settings(options.enable_offload, options.offload_path.as_deref())?;
+        config.master.enable_offload = config.offload.is_some();
+        config.http_port = options.http_port;
+        Ok(config)
+    }
+
+    /// Most bytes of hard-pinned objects one dummy may hold:
+    /// `--max_hard_pinned_bytes_per_dummy`, else the segment size, else (a pure client)
+    /// the machine's physical memory.
+    pub fn hard_pin_quota(&self) -> u64 {
+        match (
+            self.max_hard_pinned_bytes_per_dummy,
+            self.global_segment_size,
+        ) {
+            (Some(limit), _) => limit,
+            (None, 0) => physical_memory(),
+            (None, size) => size,
+        }
     }
 
     /// The name of this node's global segment.
@@ -412,11 +453,79 @@ fn parse_uids(text: &str) -> Result<Vec<u32>, ConfigError> {
 }
 
 fn tenant_flag(flags: &ParsedFlags) -> Result<String, ConfigError> {
-    let name = flags
-        .string("tenant_id")
-        .unwrap_or_else(|| mooncake_core::tenant::DEFAULT_TENANT.into());
+    checked_tenant(
+        flags
+            .string("tenant_id")
+            .unwrap_or_else(|| mooncake_core::tenant::DEFAULT_TENANT.into()),
+    )
+}
+
+/// `name` when it is a valid tenant name.
+fn checked_tenant(name: String) -> Result<String, ConfigError> {
     mooncake_core::tenant::Tenant::new(&name).map_err(|reason| invalid("tenant_id", reason))?;
     Ok(name)
+}
+
+/// `port` when it can name a real client (1 to 65535).
+fn checked_port(port: u16) -> Result<u16, ConfigError> {
+    if port == 0 {
+        return Err(invalid("port", "must be between 1 and 65535"));
+    }
+    Ok(port)
+}
+
+/// `host` when it is a host, not upstream's `ip:port` form.
+fn checked_host(host: String) -> Result<String, ConfigError> {
+    if host.parse::<std::net::SocketAddr>().is_ok() {
+        return Err(invalid(
+            "host",
+            "upstream's ip:port form is not accepted; give the address in --host and the port in --transfer_port",
+        ));
+    }
+    Ok(host)
+}
+
+/// A pure client (no segment) needs a cluster's master to place its objects.
+fn check_pure_client(global_segment_size: u64, master: Option<&str>) -> Result<(), ConfigError> {
+    if global_segment_size == 0 && master.is_none() {
+        return Err(invalid(
+            "global_segment_size",
+            "0 (a pure client that contributes no memory) needs the master of a cluster (--master_server_address=host:port); with the embedded master give a size such as 4GB",
+        ));
+    }
+    Ok(())
+}
+
+/// Only TCP transfers exist in this build.
+fn check_protocol(protocol: &str) -> Result<(), ConfigError> {
+    if protocol != "tcp" {
+        return Err(invalid(
+            "protocol",
+            format!("{protocol:?}: only tcp is available in this build"),
+        ));
+    }
+    Ok(())
+}
+
+/// The SSD tier's settings when `enabled`: `MOONCAKE_OFFLOAD_*`, with `path` (when
+/// given) as its directory, which must be usable.
+fn offload_settings(
+    enabled: bool,
+    path: Option<&str>,
+) -> Result<Option<mooncake_offload::config::OffloadConfig>, ConfigError> {
+    if !enabled {
+        return Ok(None);
+    }
+    let mut settings = mooncake_offload::config::OffloadConfig::from_env()
+        .map_err(|error| invalid("enable_offload", error.to_string()))?;
+    if let Some(path) = path.filter(|path| !path.is_empty()) {
+        settings.path = path.into();
+    }
+    if settings.backend != mooncake_offload::config::BackendKind::DistributedKv {
+        mooncake_offload::config::validate_path(&settings.path)
+            .map_err(|error| invalid("enable_offload", error.to_string()))?;
+    }
+    Ok(Some(settings))
 }
 
 fn transfer_congestion(flags: &ParsedFlags) -> Result<crate::transfer::Congestion, ConfigError> {
@@ -501,6 +610,81 @@ mod tests {
         "tenant_id",
         "threads",
     ];
+
+    fn options() -> EmbeddedOptions {
+        EmbeddedOptions {
+            host: "localhost".into(),
+            port: 12_345,
+            global_segment_size: 64 << 20,
+            master_address: "embedded".into(),
+            protocol: "tcp".into(),
+            ..EmbeddedOptions::default()
+        }
+    }
+
+    #[test]
+    fn an_application_real_client_takes_its_typed_settings() {
+        let config = RealClientConfig::embedded(EmbeddedOptions {
+            tenant_id: Some("blue".into()),
+            http_port: Some(9400),
+            ..options()
+        })
+        .expect("valid");
+        assert_eq!(config.segment_name(), "localhost:12345");
+        assert!(config.socket.is_none(), "it listens for no dummy");
+        assert_eq!(config.embedded_master_port, 0, "nor serves its master");
+        assert_eq!(config.global_segment_size, 64 << 20);
+        assert_eq!(config.master_address, None);
+        assert_eq!(config.tenant_id, "blue");
+        assert_eq!(config.http_port, Some(9400));
+        assert_eq!(
+            config.hard_pin_quota(),
+            64 << 20,
+            "the segment size by default"
+        );
+        let bad = |options: EmbeddedOptions| {
+            RealClientConfig::embedded(options)
+                .expect_err("refused")
+                .to_string()
+        };
+        assert!(
+            bad(EmbeddedOptions {
+                tenant_id: Some("a b".into()),
+                ..options()
+            })
+            .contains("tenant_id")
+        );
+        assert!(
+            bad(EmbeddedOptions {
+                protocol: "rdma".into(),
+                ..options()
+            })
+            .contains("protocol")
+        );
+        assert!(
+            bad(EmbeddedOptions {
+                port: 0,
+                ..options()
+            })
+            .contains("port")
+        );
+        assert!(
+            bad(EmbeddedOptions {
+                global_segment_size: 0,
+                ..options()
+            })
+            .contains("global_segment_size"),
+            "a pure client needs a cluster's master"
+        );
+        let pure = RealClientConfig::embedded(EmbeddedOptions {
+            global_segment_size: 0,
+            master_address: "10.0.0.1:50051".into(),
+            ..options()
+        })
+        .expect("a pure client of a cluster");
+        assert_eq!(pure.master_address.as_deref(), Some("10.0.0.1:50051"));
+        assert_eq!(pure.hard_pin_quota(), physical_memory());
+    }
 
     #[test]
     fn table_covers_upstream() {

@@ -25,6 +25,7 @@ pub mod device_buffers;
 pub mod disk;
 pub mod disk_staging;
 pub mod handshake;
+pub mod hard_pins;
 pub mod in_process;
 mod liveness;
 pub mod master_link;
@@ -55,7 +56,7 @@ use mooncake_master::{Clock, MasterService};
 use mooncake_shm::SharedMemory;
 use mooncake_shm::shared_memory::PageSize;
 
-pub use config::{ConfigError, RealClientConfig};
+pub use config::{ConfigError, EmbeddedOptions, RealClientConfig};
 use handshake::ServerIdentity;
 use master_link::MasterLink;
 use server::{BindError, ServerState};
@@ -330,6 +331,7 @@ impl RealClient {
             started,
             metrics: Default::default(),
             admission: Default::default(),
+            max_hard_pinned_bytes_per_dummy: config.hard_pin_quota(),
         });
         let (shutdown, _) = watch::channel(false);
         Ok(RealClient {

@@ -124,6 +124,55 @@ impl DummyHandler {
         results
     }
 
+    /// Runs a dummy's `put`. To a remote master it spans round trips: it runs to its
+    /// end (put_end or revoke) in a task of its own, so a request cancelled by its
+    /// deadline or a closed connection leaves no write holding segment space until the
+    /// master's release timeout. Not for a dummy in this process: its borrowed memory
+    /// may be reused as soon as its call returns.
+    async fn put_items(
+        self,
+        items: Vec<PutItem>,
+        config: ReplicateConfig,
+        mode: WriteMode,
+    ) -> Vec<CodeResult<()>> {
+        if self.state.store.master().is_remote() && !self.session.is_in_process() {
+            let count = items.len();
+            return tokio::spawn(self.put_to_end(items, config, mode))
+                .await
+                .unwrap_or_else(|_| vec![Err(ErrorCode::INTERNAL_ERROR); count]);
+        }
+        self.put_to_end(items, config, mode).await
+    }
+
+    /// Reserves `bytes` of this dummy's hard-pin quota. When it looks used up, the
+    /// keys the master no longer has (removed since) stop counting first.
+    async fn admit_hard_pins(&self, bytes: u64) -> CodeResult<()> {
+        let limit = self.state.max_hard_pinned_bytes_per_dummy;
+        if self.session.hard_pins().lock().reserve(bytes, limit) {
+            return Ok(());
+        }
+        let keys = self.session.hard_pins().lock().keys();
+        let found = self.state.store.master().replica_desc(keys.clone()).await;
+        let mut pins = self.session.hard_pins().lock();
+        for (key, result) in keys.iter().zip(found) {
+            if matches!(result, Err(ErrorCode::OBJECT_NOT_FOUND)) {
+                pins.forget(key);
+            }
+        }
+        if pins.reserve(bytes, limit) {
+            return Ok(());
+        }
+        tracing::warn!(
+            dummy = %self.session.name,
+            pid = self.session.pid,
+            held = pins.bytes(),
+            asked = bytes,
+            limit,
+            "refusing a hard-pinned put: this dummy's hard-pinned objects would pass --max_hard_pinned_bytes_per_dummy; remove some, or raise the limit"
+        );
+        Err(ErrorCode::NO_AVAILABLE_HANDLE)
+    }
+
     /// Writes a batch of a dummy's `put` from start to end, and records its metrics.
     async fn put_to_end(
         self,
@@ -147,13 +196,7 @@ impl DummyHandler {
         };
         let each = started.elapsed() / u32::try_from(items.len().max(1)).unwrap_or(u32::MAX);
         for (item, result) in items.iter().zip(&results) {
-            let bytes = match &item.source {
-                PutSource::Inline(b) => b.len() as u64,
-                PutSource::Shared(ranges) => {
-                    ranges.iter().fold(0u64, |sum, r| sum.saturating_add(r.len))
-                }
-            };
-            let moved = if result.is_ok() { bytes } else { 0 };
+            let moved = if result.is_ok() { item_bytes(item) } else { 0 };
             self.state.metrics.record(Op::Put, each, moved, result);
         }
         results
@@ -270,18 +313,28 @@ impl RealClientRpc for DummyHandler {
         mode: WriteMode,
     ) -> Vec<CodeResult<()>> {
         let items = items.into_inner();
-        // A put to a remote master spans round trips: it runs to its end (put_end or
-        // revoke) in a task of its own, so a request cancelled by its deadline or a closed
-        // connection leaves no write holding segment space until the master's release
-        // timeout. Not for a dummy in this process: its borrowed memory may be reused
-        // as soon as its call returns.
-        if self.state.store.master().is_remote() && !self.session.is_in_process() {
-            let count = items.len();
-            return tokio::spawn(self.put_to_end(items, config, mode))
-                .await
-                .unwrap_or_else(|_| vec![Err(ErrorCode::INTERNAL_ERROR); count]);
+        if !config.with_hard_pin {
+            return self.put_items(items, config, mode).await;
         }
-        self.put_to_end(items, config, mode).await
+        let reserved = items
+            .iter()
+            .fold(0u64, |sum, item| sum.saturating_add(item_bytes(item)));
+        if let Err(code) = self.admit_hard_pins(reserved).await {
+            return vec![Err(code); items.len()];
+        }
+        let pinned: Vec<(String, u64)> = items
+            .iter()
+            .map(|item| (item.key.clone(), item_bytes(item)))
+            .collect();
+        let session = Arc::clone(&self.session);
+        let results = self.put_items(items, config, mode).await;
+        let written = pinned
+            .into_iter()
+            .zip(&results)
+            .filter(|(_, result)| result.is_ok())
+            .map(|(pin, _)| pin);
+        session.hard_pins().lock().finish(reserved, written);
+        results
     }
 
     async fn get(self, _: Context, items: Batch<GetItem>) -> Vec<CodeResult<u64>> {
@@ -401,5 +454,15 @@ impl RealClientRpc for DummyHandler {
             tracing::warn!(pid = self.session.pid, %reason, "a dummy's GPU buffer cannot be reached");
         }
         declared
+    }
+}
+
+/// The bytes a put item writes.
+fn item_bytes(item: &PutItem) -> u64 {
+    match &item.source {
+        PutSource::Inline(bytes) => bytes.len() as u64,
+        PutSource::Shared(ranges) => ranges
+            .iter()
+            .fold(0u64, |sum, range| sum.saturating_add(range.len)),
     }
 }

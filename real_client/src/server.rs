@@ -94,6 +94,8 @@ pub struct ServerState {
     pub metrics: crate::metrics::Metrics,
     /// Bounds on connecting peers.
     pub admission: Admission,
+    /// Most bytes of hard-pinned objects one dummy may hold.
+    pub max_hard_pinned_bytes_per_dummy: u64,
 }
 
 impl ServerState {

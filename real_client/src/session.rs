@@ -16,6 +16,7 @@ use mooncake_shm::{MemSlice, Registry, TranslateError};
 
 use crate::declared::DeclaredMemory;
 use crate::device_buffers::DeviceBuffers;
+use crate::hard_pins::HardPins;
 use crate::region::Region;
 
 /// One attached dummy.
@@ -37,6 +38,8 @@ pub struct Session {
     devices: DeviceBuffers,
     /// `(base, len)` of each registered segment that is a staging buffer.
     staging: RwLock<Vec<(u64, u64)>>,
+    /// Its hard-pinned objects, against its quota.
+    hard_pins: Mutex<HardPins>,
 }
 
 impl Session {
@@ -52,7 +55,13 @@ impl Session {
             declared: DeclaredMemory::new(pid, uid),
             devices: DeviceBuffers::default(),
             staging: RwLock::new(Vec::new()),
+            hard_pins: Mutex::new(HardPins::default()),
         }
+    }
+
+    /// Its hard-pinned objects, counted against `--max_hard_pinned_bytes_per_dummy`.
+    pub fn hard_pins(&self) -> &Mutex<HardPins> {
+        &self.hard_pins
     }
 
     /// True for a dummy running in this process (embedded mode).

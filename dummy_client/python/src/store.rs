@@ -12,7 +12,7 @@ use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::types::ReplicateConfig;
 use mooncake_core::units::parse_size;
 use mooncake_dummy_client::{BufferHandle, DummyClient, Health, TaskStatus};
-use mooncake_real_client::RealClientConfig;
+use mooncake_real_client::{EmbeddedOptions, RealClientConfig};
 
 use crate::config::PyReplicateConfig;
 use crate::convert::{code, descriptor, flag, unit, value};
@@ -980,33 +980,24 @@ impl EmbeddedSettings {
                 )
             })?,
         };
-        let mut args = vec![
-            // An application process neither serves its master to others nor reads
-            // mooncake_client's HTTP variables: only what setup() asked for.
-            "--embedded_master_port=0".to_string(),
-            format!("--enable_http_server={}", self.http_port.is_some()),
-            format!("--http_port={}", self.http_port.unwrap_or(9300)),
-            format!("--host={host}"),
-            format!("--port={port}"),
-            format!("--global_segment_size={}", self.segment),
-            format!("--master_server_address={master}"),
-            format!(
-                "--protocol={}",
-                self.protocol.clone().unwrap_or_else(|| "tcp".into())
-            ),
-            format!("--enable_offload={}", self.offload),
-        ];
-        if let Some(devices) = &self.devices {
-            args.push(format!("--device_names={devices}"));
+        if let Some(devices) = self.devices.as_deref().filter(|d| !d.is_empty()) {
+            tracing::info!(
+                devices,
+                "accepted for compatibility: device names (only tcp is available)"
+            );
         }
-        if let Some(tenant) = &self.tenant {
-            args.push(format!("--tenant_id={tenant}"));
-        }
-        if let Some(path) = self.offload_path.as_deref().filter(|p| !p.is_empty()) {
-            args.push(format!("--offload_path={path}"));
-        }
-        let mut config = RealClientConfig::from_args(args).map_err(|e| e.to_string())?;
-        config.socket = None;
+        let options = EmbeddedOptions {
+            host,
+            port,
+            global_segment_size: self.segment,
+            master_address: master,
+            protocol: self.protocol.clone().unwrap_or_else(|| "tcp".into()),
+            tenant_id: self.tenant.clone(),
+            enable_offload: self.offload,
+            offload_path: self.offload_path.clone(),
+            http_port: self.http_port,
+        };
+        let config = RealClientConfig::embedded(options).map_err(|e| e.to_string())?;
         Ok(config)
     }
 }
