@@ -147,6 +147,59 @@ impl RangeAllocator {
         true
     }
 
+    /// Takes exactly `allocation`'s range out of free space (a standby master copying
+    /// its leader's allocations). False, and nothing changes, when part of the range is
+    /// not free or it lies outside the region.
+    pub fn reserve(&mut self, allocation: Allocation) -> bool {
+        let Allocation { offset, len } = allocation;
+        let end = match offset.checked_add(len) {
+            Some(end) if end <= self.capacity && len > 0 => end,
+            _ => return false,
+        };
+        let Some((&block, &block_len)) = self.by_offset.range(..=offset).next_back() else {
+            return false;
+        };
+        if block + block_len < end {
+            return false;
+        }
+        self.remove_free(block, block_len);
+        if block < offset {
+            self.insert_free(block, offset - block);
+        }
+        if end < block + block_len {
+            self.insert_free(end, block + block_len - end);
+        }
+        true
+    }
+
+    /// The free blocks as `(offset, len)`, by offset (for a snapshot of the allocator).
+    pub fn free_blocks(&self) -> Vec<(u64, u64)> {
+        self.by_offset.iter().map(|(&o, &l)| (o, l)).collect()
+    }
+
+    /// An allocator of `capacity` whose free space is exactly `blocks` (as
+    /// [`free_blocks`](Self::free_blocks) reported them). Blocks that overlap, lie
+    /// outside the region or are misaligned are refused (`None`).
+    pub fn with_free_blocks(capacity: u64, blocks: &[(u64, u64)]) -> Option<Self> {
+        let mut allocator = RangeAllocator {
+            capacity: capacity & !(ALIGNMENT - 1),
+            free_bytes: 0,
+            by_offset: BTreeMap::new(),
+            by_size: BTreeSet::new(),
+        };
+        let mut end_of_last = 0u64;
+        for &(offset, len) in blocks {
+            let end = offset.checked_add(len)?;
+            let aligned = offset % ALIGNMENT == 0 && len % ALIGNMENT == 0;
+            if !aligned || len == 0 || offset < end_of_last || end > allocator.capacity {
+                return None;
+            }
+            allocator.insert_free(offset, len);
+            end_of_last = end;
+        }
+        Some(allocator)
+    }
+
     fn overlaps_free(&self, start: u64, end: u64) -> bool {
         self.by_offset
             .range(..end)
@@ -190,6 +243,27 @@ mod tests {
         let c = allocator.allocate(64).expect("fits");
         assert_eq!(c.offset, 0, "best fit reuses the hole");
         assert_eq!(allocator.allocate(0), Err(AllocError::ZeroSize));
+    }
+
+    #[test]
+    fn reserve_copies_an_allocation_and_snapshots_round_trip() {
+        let mut leader = RangeAllocator::new(1 << 16);
+        let mut standby = RangeAllocator::new(1 << 16);
+        let a = leader.allocate(100).expect("fits");
+        let b = leader.allocate(5000).expect("fits");
+        assert!(standby.reserve(a) && standby.reserve(b));
+        assert!(
+            !standby.reserve(a),
+            "an allocated range cannot be reserved twice"
+        );
+        assert!(leader.free(a) && standby.free(a));
+        assert_eq!(leader.free_blocks(), standby.free_blocks());
+        let copy = RangeAllocator::with_free_blocks(1 << 16, &leader.free_blocks())
+            .expect("a valid snapshot");
+        assert_eq!(copy.free_bytes(), leader.free_bytes());
+        assert!(RangeAllocator::with_free_blocks(1 << 16, &[(0, 128), (64, 128)]).is_none());
+        assert!(RangeAllocator::with_free_blocks(1 << 16, &[(1, 64)]).is_none());
+        assert!(RangeAllocator::with_free_blocks(1 << 16, &[(0, 1 << 17)]).is_none());
     }
 
     #[test]

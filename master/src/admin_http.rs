@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `/metrics` | Prometheus text |
 //! | `/metrics/summary` | one line: `role=leader, state=serving, service_ready=true, master={Mem Storage: ... }` |
-//! | `/health` | `{"status":"ok","role":"leader","ha_state":"serving",...}` |
+//! | `/health` | `{"status":"ok","role":"leader","ha_state":"serving",...}` (under high availability also the term, the leader followed, the standbys and the replication lag) |
 //! | `/get_all_segments` | each mounted segment's name on its own line (empty when none) |
 //! | `/get_all_keys` | each readable key on its own line (`?tenant=` for another tenant) |
 //! | `/query_key?key=K` | `{"success":true,"data":[replica, ...]}` or 404 `{"success":false,"error_code":-704,...}` |
@@ -18,6 +18,7 @@ use mooncake_core::tenant::Tenant;
 use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation};
 
 use super::MasterService;
+use crate::ha::node::HaNode;
 
 /// Content type upstream gives its plain-text answers.
 const TEXT: Option<&str> = Some("text/plain; version=0.0.4");
@@ -26,24 +27,30 @@ const TEXT: Option<&str> = Some("text/plain; version=0.0.4");
 const JSON: Option<&str> = Some("application/json; charset=utf-8");
 
 /// The router of the master's admin endpoints.
-pub fn router(master: Arc<MasterService>) -> Router {
+pub fn router(master: Arc<MasterService>, ha: Option<Arc<HaNode>>) -> Router {
     Arc::new(move |request: Request| {
         let answer = (request.method == "GET")
-            .then(|| route(&master, &request))
+            .then(|| route(&master, ha.as_deref(), &request))
             .flatten();
         Box::pin(std::future::ready(answer))
     })
 }
 
-fn route(master: &MasterService, request: &Request) -> Option<Response> {
+fn route(master: &MasterService, ha: Option<&HaNode>, request: &Request) -> Option<Response> {
     Some(match request.path.as_str() {
         "/metrics" => {
-            let text =
+            let mut text =
                 http::stats_metrics("master", &master.stats()) + &master.rpc_metrics().render();
+            if let Some(node) = ha {
+                text.push_str(&ha_metrics(node));
+            }
             Response::new(200, TEXT, text)
         }
         "/metrics/summary" => Response::new(200, TEXT, summary(master)),
-        "/health" => Response::new(200, JSON, HEALTH),
+        "/health" => match ha {
+            Some(node) => Response::new(200, JSON, ha_health(node)),
+            None => Response::new(200, JSON, HEALTH),
+        },
         "/get_all_segments" => Response::new(200, TEXT, lines(segment_names(master))),
         "/get_all_keys" => match tenant(request) {
             Ok(tenant) => Response::new(200, TEXT, lines(keys_of(master, &tenant))),
@@ -64,6 +71,103 @@ fn lines(items: Vec<String>) -> String {
 
 /// Upstream's answer for a serving leader, byte for byte.
 const HEALTH: &str = r#"{"status":"ok","role":"leader","ha_state":"serving","service_ready":true,"leader_address":null,"view_version":null}"#;
+
+/// `/health` of a master under high availability: upstream's fields, then ours.
+fn ha_health(node: &HaNode) -> String {
+    let (role, epoch, following) = node.role();
+    let leading = role == "leader";
+    let leader = following.map_or_else(|| "null".to_string(), |a| format!("{a:?}"));
+    let (lag, standbys) = match node.leading() {
+        Ok(journal) => {
+            let standbys = journal
+                .standbys()
+                .iter()
+                .map(|(id, in_sync, behind)| {
+                    format!(r#"{{"id":"{id:032x}","in_sync":{in_sync},"behind":{behind}}}"#)
+                })
+                .collect::<Vec<_>>()
+                .join(",");
+            (journal.lag(), standbys)
+        }
+        Err(_) => (
+            node.counters
+                .standby_lag
+                .load(std::sync::atomic::Ordering::Relaxed),
+            String::new(),
+        ),
+    };
+    format!(
+        r#"{{"status":"ok","role":"{role}","ha_state":"{}","service_ready":{leading},"leader_address":{leader},"view_version":{epoch},"replication_lag":{lag},"standbys":[{standbys}]}}"#,
+        if leading { "serving" } else { "standby" },
+    )
+}
+
+/// The `mooncake_master_ha_*` metrics.
+fn ha_metrics(node: &HaNode) -> String {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (role, epoch, _) = node.role();
+    let counters = &node.counters;
+    let (lag, in_sync) = match node.leading() {
+        Ok(journal) => (
+            journal.lag(),
+            journal.standbys().iter().filter(|s| s.1).count() as u64,
+        ),
+        Err(_) => (counters.standby_lag.load(Relaxed), 0),
+    };
+    let mut out = String::new();
+    for (name, help, value) in [
+        (
+            "leader",
+            "1 while this master leads",
+            u64::from(role == "leader"),
+        ),
+        ("epoch", "term of the leader (led or followed)", epoch),
+        (
+            "terms_led_total",
+            "times this master became the leader",
+            counters.terms_led.load(Relaxed),
+        ),
+        (
+            "replication_lag_changes",
+            "changes the slowest standby lacks (standby: that it lacked at its last pull)",
+            lag,
+        ),
+        (
+            "in_sync_standbys",
+            "standbys whose acknowledgement writes wait for",
+            in_sync,
+        ),
+        (
+            "standbys_dropped_total",
+            "standbys dropped from the in-sync set for not acknowledging in time",
+            counters.standbys_dropped.load(Relaxed),
+        ),
+        (
+            "snapshots_served_total",
+            "snapshots taken for standbys",
+            counters.snapshots_served.load(Relaxed),
+        ),
+        (
+            "snapshots_installed_total",
+            "leader snapshots installed while standing by",
+            counters.snapshots_installed.load(Relaxed),
+        ),
+        (
+            "last_snapshot_bytes",
+            "size of the last snapshot taken or installed",
+            counters.last_snapshot_bytes.load(Relaxed),
+        ),
+        (
+            "changes_applied_total",
+            "leader changes applied while standing by",
+            counters.changes_applied.load(Relaxed),
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP mooncake_master_ha_{name} {help}");
+        let _ = writeln!(out, "mooncake_master_ha_{name} {value}");
+    }
+    out
+}
 
 /// Upstream's error body, fields in upstream's order.
 fn error_body(code: ErrorCode) -> String {
@@ -223,7 +327,7 @@ mod tests {
             query: query.into(),
             body: Vec::new(),
         };
-        route(master, &request).unwrap_or_else(Response::not_found)
+        route(master, None, &request).unwrap_or_else(Response::not_found)
     }
 
     fn body(response: &Response) -> String {

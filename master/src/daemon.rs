@@ -17,10 +17,16 @@ use mooncake_core::protocol::auth::{AUTH_FLAGS, ClusterSecret, SecretError};
 
 use mooncake_core::master_api::Master;
 
+use super::ha::HaSettings;
+use super::ha::etcd::Etcd;
+use super::ha::node::HaNode;
+use super::ha::supervisor::{Supervision, supervise};
 use super::server::{self, MasterHandler};
 use super::{AllocationStrategy, Clock, MasterConfig, MasterService};
 
-const NO_HA: &str = "high availability is not available in this build; run one mooncake_master and give real clients its host:port";
+const ETCD_ONLY: &str =
+    "etcd is the only high-availability backend (--enable_ha with --etcd_endpoints)";
+const NO_OPLOG: &str = "standbys receive the leader's changes directly from it (no operation log in etcd); --ha_sync_timeout_ms bounds the wait for them";
 const NO_SNAPSHOT: &str = "the master keeps its index in memory only; snapshots are not available";
 const NO_NOF: &str =
     "NVMe-oF segments are not available; SSD copies live on real clients (--enable_offload)";
@@ -294,29 +300,51 @@ pub static MASTER_FLAGS: &[FlagSpec] = &[
         "replica cap",
     )
     .compat(Compat::NoEffect(NO_DYNAMIC_REPLICATION, Accepts::Any)),
-    FlagSpec::boolean("enable_ha", false, "high availability").compat(Compat::Refused(NO_HA)),
-    FlagSpec::value("etcd_endpoints", Some(""), "etcd endpoints for --enable_ha")
-        .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
+    FlagSpec::boolean(
+        "enable_ha",
+        false,
+        "campaign for leadership in etcd (--etcd_endpoints); standbys keep a hot copy of the leader's metadata",
+    ),
+    FlagSpec::value(
+        "etcd_endpoints",
+        Some(""),
+        "etcd endpoints host:port, separated by ; or , (with --enable_ha)",
+    ),
     FlagSpec::value("ha_backend_type", Some("etcd"), "etcd, redis or k8s")
-        .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
-    FlagSpec::value("ha_backend_connstring", Some(""), "HA backend address")
-        .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
+        .compat(Compat::NoEffect(ETCD_ONLY, Accepts::Only(&["etcd"]))),
+    FlagSpec::value(
+        "ha_backend_connstring",
+        Some(""),
+        "etcd endpoints (when --etcd_endpoints is empty)",
+    ),
+    FlagSpec::value(
+        "ha_lease_ttl_sec",
+        Some("2"),
+        "etcd lease of the leader in seconds: a dead leader is replaced within about this long",
+    )
+    .ours(),
+    FlagSpec::value(
+        "ha_sync_timeout_ms",
+        Some("500"),
+        "how long a write waits for an in-sync standby before that standby leaves the in-sync set",
+    )
+    .ours(),
     FlagSpec::value("pod_name", Some(""), "k8s leader label")
-        .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
+        .compat(Compat::NoEffect(ETCD_ONLY, Accepts::Any)),
     FlagSpec::value("pod_namespace", Some(""), "k8s leader label")
-        .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
+        .compat(Compat::NoEffect(ETCD_ONLY, Accepts::Any)),
     FlagSpec::boolean("enable_oplog", false, "HA metadata replication")
-        .compat(Compat::Refused(NO_HA)),
+        .compat(Compat::NoEffect(NO_OPLOG, Accepts::Any)),
     FlagSpec::value(
         "oplog_poll_interval_ms",
         Some("1000"),
         "standby poll interval",
     )
-    .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
+    .compat(Compat::NoEffect(NO_OPLOG, Accepts::Any)),
     FlagSpec::value("oplog_batch_max_entries", Some("1024"), "oplog batch")
-        .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
+        .compat(Compat::NoEffect(NO_OPLOG, Accepts::Any)),
     FlagSpec::value("batch_oplog_retry_timeout_sec", Some("180"), "oplog retry")
-        .compat(Compat::NoEffect(NO_HA, Accepts::Any)),
+        .compat(Compat::NoEffect(NO_OPLOG, Accepts::Any)),
     FlagSpec::boolean("enable_snapshot", false, "periodic snapshots")
         .compat(Compat::Refused(NO_SNAPSHOT)),
     FlagSpec::boolean("enable_snapshot_restore", false, "restore from a snapshot")
@@ -485,6 +513,8 @@ pub struct MasterDaemonConfig {
     /// The cluster secret every connection must prove (`None`: unauthenticated, as
     /// upstream).
     pub cluster_secret: Option<Arc<ClusterSecret>>,
+    /// High availability (`--enable_ha`; `None`: a single master).
+    pub ha: Option<HaSettings>,
 }
 
 /// Why the master configuration was rejected.
@@ -556,8 +586,11 @@ impl MasterDaemonConfig {
         } else {
             None
         };
+        let rpc_address = rpc_address(flags)?;
+        let cluster_id = flags.string("cluster_id").unwrap_or_default();
         Ok(MasterDaemonConfig {
-            rpc_address: rpc_address(flags)?,
+            ha: ha_settings(flags, rpc_address, &cluster_id)?,
+            rpc_address,
             threads: threads(flags)?,
             metrics_address: if metrics_port == 0 {
                 None
@@ -566,7 +599,7 @@ impl MasterDaemonConfig {
                 Some(address(&host, metrics_port, "metrics_host")?)
             },
             metric_reporting: flags.bool("enable_metric_reporting")?,
-            cluster_id: flags.string("cluster_id").unwrap_or_default(),
+            cluster_id,
             master,
             http_metadata_address,
             log_level: log.filter.clone(),
@@ -575,6 +608,60 @@ impl MasterDaemonConfig {
             cluster_secret: ClusterSecret::from_flags(flags)?.map(Arc::new),
         })
     }
+}
+
+/// `--enable_ha` and its settings: etcd endpoints, the lease, the sync timeout, and
+/// the address published for real clients (the RPC address, which must name this host).
+fn ha_settings(
+    flags: &ParsedFlags,
+    rpc_address: SocketAddr,
+    cluster_id: &str,
+) -> Result<Option<HaSettings>, DaemonConfigError> {
+    if !flags.bool("enable_ha")? {
+        return Ok(None);
+    }
+    let listed = flags
+        .string("etcd_endpoints")
+        .filter(|e| !e.trim().is_empty())
+        .or_else(|| flags.string("ha_backend_connstring"))
+        .unwrap_or_default();
+    let listed = listed.trim().trim_start_matches("etcd://");
+    let etcd_endpoints: Vec<String> = listed
+        .split([',', ';'])
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(str::to_string)
+        .collect();
+    if etcd_endpoints.is_empty() {
+        return Err(DaemonConfigError::Invalid(
+            "--enable_ha needs --etcd_endpoints (host:port of the etcd cluster, e.g. 10.0.0.1:2379;10.0.0.2:2379)".into(),
+        ));
+    }
+    if rpc_address.ip().is_unspecified() {
+        return Err(DaemonConfigError::Invalid(format!(
+            "--enable_ha publishes the leader's RPC address in etcd, and {} names no host: give --rpc_address the IP real clients reach (e.g. --rpc_address=10.0.0.11)",
+            rpc_address.ip()
+        )));
+    }
+    let lease_ttl = seconds(flags, "ha_lease_ttl_sec")?;
+    if lease_ttl.is_zero() || lease_ttl > Duration::from_secs(60) {
+        return Err(DaemonConfigError::Invalid(
+            "--ha_lease_ttl_sec must be 1 to 60 seconds".into(),
+        ));
+    }
+    let sync_timeout = millis(flags, "ha_sync_timeout_ms")?;
+    if sync_timeout < Duration::from_millis(10) || sync_timeout > Duration::from_secs(60) {
+        return Err(DaemonConfigError::Invalid(
+            "--ha_sync_timeout_ms must be 10 to 60000 ms".into(),
+        ));
+    }
+    Ok(Some(HaSettings {
+        etcd_endpoints,
+        cluster_id: cluster_id.to_string(),
+        lease_ttl,
+        sync_timeout,
+        advertised: rpc_address.to_string(),
+    }))
 }
 
 /// The master's own settings from the flags.
@@ -650,6 +737,12 @@ pub enum DaemonError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// etcd could not be reached at startup.
+    #[error("--enable_ha: {0}; is etcd running at --etcd_endpoints?")]
+    Etcd(#[from] crate::ha::etcd::EtcdError),
+    /// This master led and lost its lease.
+    #[error(transparent)]
+    LostLeadership(#[from] crate::ha::supervisor::HaError),
     /// The HTTP metadata server's port could not be bound.
     #[error(
         "cannot listen on {address} for the HTTP metadata server: {source}; choose another --http_metadata_server_port"
@@ -749,6 +842,9 @@ pub async fn run(
     config: MasterDaemonConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), DaemonError> {
+    if let Some(ha) = config.ha.clone() {
+        return run_highly_available(config, ha, shutdown).await;
+    }
     let master = Arc::new(MasterService::new(config.master.clone(), Clock::System));
     let metadata = match config.http_metadata_address {
         Some(address) => Some(serve_metadata(address).await?),
@@ -793,7 +889,7 @@ pub async fn run(
     let metrics = config.metrics_address.map(|address| {
         tokio::spawn(mooncake_core::http::serve(
             address,
-            super::admin_http::router(Arc::clone(&master)),
+            super::admin_http::router(Arc::clone(&master), None),
         ))
     });
     let reporting = config
@@ -806,6 +902,73 @@ pub async fn run(
     }
     running.stop().await;
     Ok(())
+}
+
+/// Runs a master under high availability until `shutdown` completes (resigning when it
+/// leads) or until it loses leadership (an error: the process exits, and its
+/// supervisor restarts it as a standby).
+async fn run_highly_available(
+    config: MasterDaemonConfig,
+    ha: HaSettings,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    let master = Arc::new(MasterService::new(config.master.clone(), Clock::System));
+    if let Some(secret) = &config.cluster_secret {
+        master.sign_transfers(Arc::clone(secret));
+    }
+    let etcd = Etcd::connect(&ha.etcd_endpoints, &ha.cluster_id).await?;
+    let node = Arc::new(HaNode::new(Arc::clone(&master), etcd));
+    let listener = TcpListener::bind(config.rpc_address)
+        .await
+        .map_err(|source| DaemonError::Bind {
+            address: config.rpc_address,
+            source,
+        })?;
+    let metadata = match config.http_metadata_address {
+        Some(address) => Some(serve_metadata(address).await?),
+        None => None,
+    };
+    let (stop, _) = watch::channel(false);
+    let server = tokio::spawn(server::serve(
+        listener,
+        MasterHandler::highly_available(Arc::clone(&node)),
+        config.cluster_secret.clone(),
+        stop.subscribe(),
+    ));
+    let metrics = config.metrics_address.map(|address| {
+        tokio::spawn(mooncake_core::http::serve(
+            address,
+            super::admin_http::router(Arc::clone(&master), Some(Arc::clone(&node))),
+        ))
+    });
+    tracing::info!(
+        rpc = %config.rpc_address,
+        cluster_id = %ha.cluster_id,
+        etcd = %ha.etcd_endpoints.join(","),
+        lease_ttl_s = ha.lease_ttl.as_secs(),
+        sync_timeout_ms = ha.sync_timeout.as_millis(),
+        "mooncake_master started with --enable_ha: standing by until elected"
+    );
+    let supervision = Supervision {
+        settings: ha,
+        secret: config.cluster_secret.clone(),
+    };
+    let supervisor = supervise(Arc::clone(&node), supervision, stop.subscribe());
+    tokio::pin!(supervisor);
+    let outcome = tokio::select! {
+        () = shutdown => {
+            tracing::info!("shutdown requested");
+            stop.send_replace(true);
+            (&mut supervisor).await
+        }
+        outcome = &mut supervisor => outcome,
+    };
+    stop.send_replace(true);
+    for task in metrics.into_iter().chain(metadata) {
+        task.abort();
+    }
+    let _ = server.await;
+    outcome.map_err(DaemonError::from)
 }
 
 /// Binds and serves upstream's HTTP metadata store.
@@ -999,10 +1162,52 @@ mod tests {
     }
 
     #[test]
+    fn high_availability_settings() {
+        let ha = config(&[
+            "--enable_ha",
+            "--etcd_endpoints=10.0.0.1:2379;10.0.0.2:2379",
+            "--rpc_address=10.0.0.11",
+            "--cluster_id=prod",
+        ])
+        .expect("valid")
+        .ha
+        .expect("high availability on");
+        assert_eq!(ha.etcd_endpoints, vec!["10.0.0.1:2379", "10.0.0.2:2379"]);
+        assert_eq!(ha.advertised, "10.0.0.11:50051");
+        assert_eq!(ha.cluster_id, "prod");
+        assert_eq!(ha.lease_ttl, Duration::from_secs(2));
+        assert_eq!(ha.sync_timeout, Duration::from_millis(500));
+        let connstring = config(&[
+            "--enable_ha",
+            "--ha_backend_connstring=etcd://h:2379",
+            "--rpc_address=10.0.0.11",
+        ])
+        .expect("valid")
+        .ha
+        .expect("high availability on");
+        assert_eq!(connstring.etcd_endpoints, vec!["h:2379"]);
+        assert!(config(&[]).expect("defaults").ha.is_none());
+        for bad in ["--ha_lease_ttl_sec=0", "--ha_sync_timeout_ms=1"] {
+            let args = [
+                "--enable_ha",
+                "--etcd_endpoints=h:1",
+                "--rpc_address=10.0.0.1",
+                bad,
+            ];
+            assert!(config(&args).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn refusals_name_the_flag() {
         for (args, flag) in [
             (&["--rpc_interface=eth0"][..], "rpc_interface"),
-            (&["--enable_ha"], "enable_ha"),
+            (&["--enable_ha"], "etcd_endpoints"),
+            (
+                &["--enable_ha", "--etcd_endpoints=127.0.0.1:2379"],
+                "rpc_address",
+            ),
+            (&["--ha_backend_type=k8s"], "ha_backend_type"),
             (&["--memory_allocator=jemalloc"], "memory_allocator"),
             (
                 &["--allocation_strategy=local_first"],

@@ -117,6 +117,7 @@ impl MasterService {
                 if let Some(version) = entry.readable {
                     free_now(version.replicas.into_vec());
                 }
+                self.note_object(&key, None);
             }
         }
         report
@@ -126,6 +127,9 @@ impl MasterService {
     /// dead, releases space whose hold expired, discards writes left unfinished past
     /// the release timeout, and evicts when memory use passes the high watermark.
     pub fn maintenance(&self) -> MaintenanceReport {
+        // A leader's snapshot waits for the pass (its changes are journaled).
+        let journal = self.journal().cloned();
+        let _mutation = journal.as_ref().map(|j| j.mutation());
         self.maintenance_rounds
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let now = self.clock.now();
@@ -176,7 +180,9 @@ impl MasterService {
         // Writes started after this scan cannot expire before `now + limit`.
         let mut oldest = now;
         for shard in self.shards.iter() {
-            shard.lock().retain(|_, entry| {
+            let mut shard = shard.lock();
+            let mut discarded = Vec::new();
+            shard.retain(|key, entry| {
                 if entry
                     .pending
                     .as_ref()
@@ -184,12 +190,16 @@ impl MasterService {
                     && let Some(pending) = entry.pending.take()
                 {
                     free_now(pending.version.replicas.into_vec());
+                    discarded.push(key.clone());
                 }
                 if let Some(pending) = &entry.pending {
                     oldest = oldest.min(pending.started);
                 }
                 entry.readable.is_some() || entry.pending.is_some()
             });
+            for key in discarded {
+                self.note_object(&key, shard.get(&key));
+            }
         }
         // Just past the deadline: a write is abandoned once *more* than `limit` old.
         *due = oldest

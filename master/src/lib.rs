@@ -20,7 +20,8 @@
 //! (copy and move), `objects` (per-object state); [`server`] (the RPC handler and the
 //! maintenance task), [`daemon`] (the `mooncake_master` process), `admin_http`
 //! (`/metrics` and the query endpoints), `http_metadata` (upstream's HTTP metadata
-//! store), [`command`] (the command-line entry point).
+//! store), [`command`] (the command-line entry point), [`ha`] (high availability:
+//! etcd election, hot standbys, leader-following clients).
 
 mod admin_http;
 mod clients;
@@ -29,6 +30,7 @@ pub mod command;
 mod config;
 pub mod daemon;
 mod eviction;
+pub mod ha;
 mod http_metadata;
 mod objects;
 pub mod seam;

@@ -312,6 +312,21 @@ impl ObjectEntry {
         });
     }
 
+    /// Milliseconds left of the soft pin at `now` (0: not pinned).
+    pub fn soft_pin_left_ms(&self, now: Instant) -> u32 {
+        if self.soft_pin_ms == 0 {
+            return 0;
+        }
+        millis_after(self.after_use(self.soft_pin_ms), Stamp::floor(now))
+    }
+
+    /// Refuses removal (unless forced) and eviction until at least `until`, without
+    /// counting as a use (a new leader honouring leases its predecessor granted).
+    pub fn hold_lease_until(&mut self, until: Instant) {
+        let ms = millis_after(Stamp::ceil(until), self.last_used());
+        self.lease_ms = self.lease_ms.max(ms);
+    }
+
     /// True when the object is never evicted.
     pub fn is_hard_pinned(&self) -> bool {
         self.used_and_flags & HARD_PIN != 0

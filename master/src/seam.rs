@@ -33,6 +33,7 @@ impl Master for MasterService {
             version: MASTER_PROTOCOL_VERSION,
             master_id: self.id(),
             lease_ttl_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+            epoch: 0,
         }))
     }
 

@@ -1,16 +1,22 @@
 //! Mounted segments and the space allocated inside them.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, RwLock};
 
 use mooncake_core::allocator::{Allocation, RangeAllocator};
 use mooncake_core::error::ErrorCode;
 use mooncake_core::master_api::SegmentUsage;
+use mooncake_core::master_api::replication::{Change, ReplicaSpace, SegmentImage, SegmentState};
 use mooncake_core::types::SegmentId;
 
 use super::config::AllocationStrategy;
+use crate::ha::journal::Journal;
+
+/// Where a leader's metadata changes go (empty unless this master leads under high
+/// availability); shared by the segment table, every segment and the object table.
+pub type JournalSlot = Arc<OnceLock<Arc<Journal>>>;
 
 /// One mounted segment: a region of a real client's memory that the master allocates in.
 #[derive(Debug)]
@@ -26,6 +32,8 @@ pub struct MountedSegment {
     pub owner: u128,
     /// Free-space bookkeeping; one lock per segment.
     allocator: Mutex<RangeAllocator>,
+    /// Allocations and frees are journaled here (high availability).
+    journal: JournalSlot,
 }
 
 /// A cheap 64-bit mix (splitmix64) used to randomize placement.
@@ -39,13 +47,56 @@ fn mix(mut x: u64) -> u64 {
 impl MountedSegment {
     /// Allocates `len` bytes, or `None` when no block is large enough.
     pub fn allocate(&self, len: u64) -> Option<Allocation> {
-        self.allocator.lock().allocate(len).ok()
+        let mut allocator = self.allocator.lock();
+        let allocation = allocator.allocate(len).ok()?;
+        self.journal_space(Change::Allocated, allocation);
+        Some(allocation)
     }
 
     /// Returns space to the segment.
     pub fn free(&self, allocation: Allocation) {
-        if !self.allocator.lock().free(allocation) {
+        let mut allocator = self.allocator.lock();
+        if allocator.free(allocation) {
+            self.journal_space(Change::Freed, allocation);
+        } else {
             tracing::error!(segment = %self.name, ?allocation, "ignored free of a range that is not allocated");
+        }
+    }
+
+    /// Journals an allocation or a free (called with the allocator locked, so the
+    /// journal orders them as the allocator saw them).
+    fn journal_space(&self, change: fn(ReplicaSpace) -> Change, allocation: Allocation) {
+        if let Some(journal) = self.journal.get() {
+            journal.record(change(ReplicaSpace {
+                segment: self.id,
+                offset: allocation.offset,
+                len: allocation.len,
+            }));
+        }
+    }
+
+    /// Takes exactly `allocation` (a standby copying its leader); false when the
+    /// range is not free.
+    pub fn reserve(&self, allocation: Allocation) -> bool {
+        self.allocator.lock().reserve(allocation)
+    }
+
+    /// The segment as a snapshot records it.
+    pub fn state(&self) -> SegmentState {
+        SegmentState {
+            segment: self.image(),
+            free: self.allocator.lock().free_blocks(),
+        }
+    }
+
+    /// The segment's identity.
+    pub fn image(&self) -> SegmentImage {
+        SegmentImage {
+            id: self.id,
+            name: self.name.clone(),
+            capacity: self.allocator.lock().capacity(),
+            owner: self.owner,
+            endpoint: self.endpoint.clone(),
         }
     }
 
@@ -67,6 +118,7 @@ impl MountedSegment {
 pub struct SegmentTable {
     segments: RwLock<HashMap<SegmentId, Arc<MountedSegment>>>,
     next_id: Mutex<SegmentId>,
+    journal: JournalSlot,
 }
 
 impl SegmentTable {
@@ -91,25 +143,91 @@ impl SegmentTable {
             *next += 1;
             *next
         };
-        segments.insert(
-            id,
-            Arc::new(MountedSegment {
-                id,
-                name: name.to_string(),
-                endpoint: endpoint.to_string(),
-                owner,
-                allocator: Mutex::new(RangeAllocator::new(capacity)),
-            }),
-        );
+        let segment = self.segment(id, name, endpoint, owner, RangeAllocator::new(capacity));
+        if let Some(journal) = self.journal() {
+            journal.record(Change::Mounted(segment.image()));
+        }
+        segments.insert(id, segment);
         Ok(id)
+    }
+
+    fn segment(
+        &self,
+        id: SegmentId,
+        name: &str,
+        endpoint: &str,
+        owner: u128,
+        allocator: RangeAllocator,
+    ) -> Arc<MountedSegment> {
+        Arc::new(MountedSegment {
+            id,
+            name: name.to_string(),
+            endpoint: endpoint.to_string(),
+            owner,
+            allocator: Mutex::new(allocator),
+            journal: Arc::clone(&self.journal),
+        })
+    }
+
+    /// Mounts a segment exactly as the leader has it (a standby): same id, and the
+    /// free space `free` (`None`: all of it). False when the free list is invalid.
+    pub fn mount_copy(&self, image: &SegmentImage, free: Option<&[(u64, u64)]>) -> bool {
+        let allocator = match free {
+            Some(blocks) => match RangeAllocator::with_free_blocks(image.capacity, blocks) {
+                Some(allocator) => allocator,
+                None => return false,
+            },
+            None => RangeAllocator::new(image.capacity),
+        };
+        let segment = self.segment(
+            image.id,
+            &image.name,
+            &image.endpoint,
+            image.owner,
+            allocator,
+        );
+        let mut next = self.next_id.lock();
+        *next = (*next).max(image.id);
+        self.segments.write().insert(image.id, segment);
+        true
+    }
+
+    /// Unmounts every segment (a standby installing a snapshot).
+    pub fn clear(&self) {
+        self.segments.write().clear();
+    }
+
+    /// Every segment with its free space (for a snapshot).
+    pub fn states(&self) -> Vec<SegmentState> {
+        self.segments.read().values().map(|s| s.state()).collect()
+    }
+
+    /// Every mounted segment.
+    pub fn all(&self) -> Vec<Arc<MountedSegment>> {
+        self.segments.read().values().cloned().collect()
+    }
+
+    /// Where this master's changes are journaled (high availability leader only).
+    pub fn journal(&self) -> Option<&Arc<Journal>> {
+        self.journal.get()
+    }
+
+    /// Starts journaling every change to `journal` (once, when this master leads).
+    pub fn start_journal(&self, journal: Arc<Journal>) -> bool {
+        self.journal.set(journal).is_ok()
     }
 
     /// Removes a segment from the table, returning it.
     pub fn unmount(&self, id: SegmentId) -> Result<Arc<MountedSegment>, ErrorCode> {
-        self.segments
+        let segment = self
+            .segments
             .write()
             .remove(&id)
-            .ok_or(ErrorCode::SEGMENT_NOT_FOUND)
+            .ok_or(ErrorCode::SEGMENT_NOT_FOUND)?;
+        if let Some(journal) = self.journal() {
+            journal.record(Change::Unmounted { id });
+        }
+        Ok(segment)
     }
 
     /// The segment with this name, if mounted.

@@ -27,6 +27,8 @@ use mooncake_core::master_api::{
 use mooncake_core::op_metrics::OpMetrics;
 
 use super::MasterService;
+use crate::ha::node::HaNode;
+use mooncake_core::master_api::replication::{ChangeBatch, SnapshotPart};
 
 /// How often maintenance (liveness, eviction, expired holds) runs.
 pub const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(50);
@@ -39,6 +41,8 @@ pub struct MasterHandler {
     pub master: Arc<dyn Master>,
     /// Where each call is counted (the `mooncake_master_*` metrics).
     pub metrics: Arc<OpMetrics>,
+    /// The master under high availability, which also serves its standbys.
+    pub ha: Option<Arc<HaNode>>,
 }
 
 /// The master calls that are counted in `mooncake_master_*` metrics.
@@ -77,7 +81,21 @@ fn oversized<T>(len: usize) -> Option<Vec<CodeResult<T>>> {
 impl MasterHandler {
     /// A handler serving `master` that counts calls in `metrics`.
     pub fn new(master: Arc<dyn Master>, metrics: Arc<OpMetrics>) -> Self {
-        MasterHandler { master, metrics }
+        MasterHandler {
+            master,
+            metrics,
+            ha: None,
+        }
+    }
+
+    /// A handler serving a master under high availability.
+    pub fn highly_available(node: Arc<HaNode>) -> Self {
+        let metrics = Arc::clone(node.master().rpc_metrics());
+        MasterHandler {
+            master: Arc::clone(&node) as Arc<dyn Master>,
+            metrics,
+            ha: Some(node),
+        }
     }
 
     /// Counts one call of `op` that started at `started` and returns its result.
@@ -136,16 +154,10 @@ impl MasterRpc for MasterHandler {
         self.master.unmount_client(client).await
     }
 
-    async fn heartbeat(self, _: Context, client: u128) -> ClientStatus {
+    async fn heartbeat(self, _: Context, client: u128) -> CodeResult<ClientStatus> {
         let started = Instant::now();
-        // A relayed master that cannot be reached is as good as one that forgot us.
-        let status = self
-            .master
-            .heartbeat(client)
-            .await
-            .unwrap_or(ClientStatus::NeedRemount);
-        let _ = self.counted(RpcOp::Heartbeat, started, 0, Ok(()));
-        status
+        let status = self.master.heartbeat(client).await;
+        self.counted(RpcOp::Heartbeat, started, 0, status)
     }
 
     async fn put_start(
@@ -292,11 +304,8 @@ impl MasterRpc for MasterHandler {
         self.master.query_task(id).await
     }
 
-    async fn fetch_tasks(self, _: Context, client: u128, max: u32) -> Vec<TaskWork> {
-        self.master
-            .fetch_tasks(client, max)
-            .await
-            .unwrap_or_default()
+    async fn fetch_tasks(self, _: Context, client: u128, max: u32) -> CodeResult<Vec<TaskWork>> {
+        self.master.fetch_tasks(client, max).await
     }
 
     async fn finish_task(
@@ -326,12 +335,30 @@ impl MasterRpc for MasterHandler {
         self.master.offload_done(client, objects).await
     }
 
-    async fn disk_evicted(self, _: Context, client: u128, keys: Vec<String>) {
-        let _ = self.master.disk_evicted(client, keys).await;
+    async fn disk_evicted(self, _: Context, client: u128, keys: Vec<String>) -> CodeResult<()> {
+        self.master.disk_evicted(client, keys).await
     }
 
-    async fn stats(self, _: Context) -> MasterStats {
-        self.master.stats().await.unwrap_or_default()
+    async fn stats(self, _: Context) -> CodeResult<MasterStats> {
+        self.master.stats().await
+    }
+
+    async fn ha_pull(
+        self,
+        _: Context,
+        standby: u128,
+        epoch: u64,
+        from: u64,
+        wait_ms: u32,
+    ) -> CodeResult<ChangeBatch> {
+        let node = self.ha.ok_or(ErrorCode::UNAVAILABLE_IN_CURRENT_MODE)?;
+        let wait = Duration::from_millis(u64::from(wait_ms));
+        node.pull(standby, epoch, from, wait).await
+    }
+
+    async fn ha_snapshot(self, _: Context, standby: u128, part: u32) -> CodeResult<SnapshotPart> {
+        let node = self.ha.ok_or(ErrorCode::UNAVAILABLE_IN_CURRENT_MODE)?;
+        node.snapshot(standby, part).await
     }
 }
 
@@ -387,10 +414,15 @@ async fn admit(
         return;
     }
     drop(permit);
+    let inline = if handler.ha.is_some() {
+        is_quick_read
+    } else {
+        is_quick
+    };
     serve_connection(
         BaseChannel::with_defaults(codec::serving_transport(stream)),
         handler.serve(),
-        is_quick,
+        inline,
         |request, serve| {
             tokio::spawn(request.execute(serve));
         },
@@ -398,11 +430,32 @@ async fn admit(
     .await;
 }
 
-/// Every master call answers from memory at once, except the scans of the whole index.
+/// Every master call answers from memory at once, except the scans of the whole index
+/// and a standby's pulls and snapshots.
 fn is_quick(request: &MasterRpcRequest) -> bool {
     !matches!(
         request,
-        MasterRpcRequest::RemoveByRegex { .. } | MasterRpcRequest::RemoveAll { .. }
+        MasterRpcRequest::RemoveByRegex { .. }
+            | MasterRpcRequest::RemoveAll { .. }
+            | MasterRpcRequest::HaPull { .. }
+            | MasterRpcRequest::HaSnapshot { .. }
+    )
+}
+
+/// Under high availability a write waits for its replication: only reads answer at
+/// once.
+fn is_quick_read(request: &MasterRpcRequest) -> bool {
+    matches!(
+        request,
+        MasterRpcRequest::Hello { .. }
+            | MasterRpcRequest::Heartbeat { .. }
+            | MasterRpcRequest::GetReplicaList { .. }
+            | MasterRpcRequest::Exist { .. }
+            | MasterRpcRequest::ObjectSize { .. }
+            | MasterRpcRequest::ReplicaDesc { .. }
+            | MasterRpcRequest::QueryTask { .. }
+            | MasterRpcRequest::OffloadFetch { .. }
+            | MasterRpcRequest::Stats { .. }
     )
 }
 

@@ -342,6 +342,7 @@ impl MasterService {
             entry.pin_hard();
         }
         entry.pending = Some(Box::new(pending));
+        self.note_object(key, Some(entry));
         Ok(PutStarted {
             replicas: descriptors,
             write_id,
@@ -387,6 +388,7 @@ impl MasterService {
             if !existing.is_readable() {
                 shard.remove(key);
             }
+            self.note_object(key, shard.get(key));
         }
         Ok(())
     }
@@ -475,6 +477,7 @@ impl MasterService {
             self.defer_or_free(old.replicas.into_vec(), release_at, now);
         }
         entry.touch(now);
+        self.note_object(key, Some(entry));
         drop(shard);
         // A disk copy of the replaced version is stale (dropped before the new version
         // is queued, so its deletion reaches the disk first).
@@ -496,6 +499,7 @@ impl MasterService {
         if !entry.is_readable() {
             shard.remove(key);
         }
+        self.note_object(key, shard.get(key));
         Ok(())
     }
 
@@ -623,6 +627,7 @@ impl MasterService {
         Self::check_removable(entry, now, force)?;
         if let Some(entry) = shard.remove(key) {
             self.release_entry(entry, now);
+            self.note_object(key, None);
         }
         drop(shard);
         self.drop_disk_copy(key);
@@ -691,6 +696,7 @@ impl MasterService {
             for key in keys {
                 if let Some(entry) = shard.remove(&key) {
                     self.release_entry(entry, now);
+                    self.note_object(&key, None);
                     removed += 1;
                 }
             }
@@ -828,6 +834,7 @@ pub(super) fn free_now(replicas: Vec<StoredReplica>) {
     }
 }
 
+mod journaling;
 mod offload;
 mod replication;
 

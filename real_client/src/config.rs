@@ -22,9 +22,12 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
         .compat(Compat::Differs("names the Unix socket dummies connect to, not a TCP port")),
     FlagSpec::value("socket_path", None, "serve dummies on this socket file (mode 0600) instead of the abstract socket").ours(),
     FlagSpec::value("allowed_uids", None, "comma-separated uids allowed to attach besides our own").ours(),
-    FlagSpec::value("master_server_address", Some("embedded"), "master address host:port; `embedded` runs the master in-process")
+    FlagSpec::value("master_server_address", Some("embedded"), "master address host:port, or etcd://host:port[,host:port...] to follow the leader of highly available masters; `embedded` runs the master in-process")
         .env("MOONCAKE_MASTER")
-        .compat(Compat::Differs("default embedded (upstream: 127.0.0.1:50051); etcd:// is refused")),
+        .compat(Compat::Differs("default embedded (upstream: 127.0.0.1:50051)")),
+    FlagSpec::value("cluster_id", Some("mooncake_cluster"), "with an etcd:// master address: the cluster whose leader to follow (the masters' --cluster_id)")
+        .env("MC_STORE_CLUSTER_ID")
+        .ours(),
     FlagSpec::value("embedded_master_port", Some("50051"), "with the embedded master: also serve it on 127.0.0.1:<port> for other local processes (0: do not)").ours(),
     FlagSpec::value("transfer_port", Some("0"), "TCP port of the transfer engine that peers read from and write to (0: any free port)").ours(),
     FlagSpec::value("transfer_tcp_congestion", Some(crate::transfer::tuning::DEFAULT_CONGESTION), "TCP congestion control of transfer connections (`system`: the machine's default)")
@@ -124,8 +127,11 @@ pub struct RealClientConfig {
     pub threads: usize,
     /// Tenant id.
     pub tenant_id: String,
-    /// Address of a standalone master (`host:port`); `None` runs the master in-process.
+    /// Address of a standalone master (`host:port`, or `etcd://` endpoints to follow the
+    /// leader of highly available masters); `None` runs the master in-process.
     pub master_address: Option<String>,
+    /// The cluster whose leader an `etcd://` master address follows.
+    pub cluster_id: String,
     /// Loopback port on which the embedded master is also served (0: not served).
     pub embedded_master_port: u16,
     /// Port of the transfer engine (0: any free port).
@@ -279,6 +285,9 @@ impl RealClientConfig {
             threads: flags.number("threads")?.unwrap_or(0),
             tenant_id: tenant_flag(flags)?,
             master_address,
+            cluster_id: flags
+                .string("cluster_id")
+                .unwrap_or_else(|| "mooncake_cluster".into()),
             embedded_master_port: flags.number("embedded_master_port")?.unwrap_or(0),
             transfer_port: flags.number("transfer_port")?.unwrap_or(0),
             transfer_congestion: transfer_congestion(flags)?,
@@ -422,13 +431,14 @@ fn parse_master_address(text: &str) -> Result<Option<String>, ConfigError> {
     if text.is_empty() || text == "embedded" {
         return Ok(None);
     }
-    if text.starts_with("etcd://") {
-        return Err(invalid(
-            "master_server_address",
-            format!(
-                "{text:?}: high availability through etcd is not available in this build; give the master's host:port"
-            ),
-        ));
+    if let Some(endpoints) = text.strip_prefix("etcd://") {
+        etcd_endpoints(endpoints).map_err(|reason| {
+            invalid(
+                "master_server_address",
+                format!("{text:?}: {reason} (expected etcd://host:port[,host:port...])"),
+            )
+        })?;
+        return Ok(Some(text.to_string()));
     }
     match text.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {
@@ -439,6 +449,27 @@ fn parse_master_address(text: &str) -> Result<Option<String>, ConfigError> {
             format!("{text:?}: expected host:port (e.g. 10.0.0.1:50051) or embedded"),
         )),
     }
+}
+
+/// The etcd endpoints of an `etcd://` master address (without the scheme): `host:port`
+/// items separated by `,` or `;`.
+pub fn etcd_endpoints(list: &str) -> Result<Vec<String>, String> {
+    let endpoints: Vec<String> = list
+        .split([',', ';'])
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(str::to_string)
+        .collect();
+    if endpoints.is_empty() {
+        return Err("no etcd endpoint".into());
+    }
+    for endpoint in &endpoints {
+        match endpoint.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {}
+            _ => return Err(format!("{endpoint:?} is not host:port")),
+        }
+    }
+    Ok(endpoints)
 }
 
 fn parse_uids(text: &str) -> Result<Vec<u32>, ConfigError> {
@@ -759,7 +790,9 @@ mod tests {
             &["--allowed_uids=root"],
             &["--default_kv_lease_ttl=0"],
             &["--master_server_address=10.0.0.1"],
-            &["--master_server_address=etcd://a:2379"],
+            &["--master_server_address=etcd://"],
+            &["--master_server_address=etcd://a"],
+            &["--master_server_address=etcd://a:2379,b:0"],
             &["--log_level=infoo"],
             &["--http_host=everywhere"],
         ] {
@@ -772,5 +805,23 @@ mod tests {
             Some(SocketAddress::Path("/tmp/x.sock".into()))
         );
         assert_eq!(config.allowed_uids, vec![1, 2]);
+    }
+
+    #[test]
+    fn an_etcd_master_address_names_the_endpoints() {
+        let ha = config(&[
+            "--master_server_address=etcd://10.0.0.1:2379;10.0.0.2:2379",
+            "--host=10.0.0.5",
+            "--cluster_id=prod",
+        ])
+        .expect("valid");
+        assert_eq!(ha.cluster_id, "prod");
+        assert_eq!(
+            etcd_endpoints("10.0.0.1:2379;10.0.0.2:2379"),
+            Ok(vec![
+                "10.0.0.1:2379".to_string(),
+                "10.0.0.2:2379".to_string()
+            ])
+        );
     }
 }

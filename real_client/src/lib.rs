@@ -52,6 +52,7 @@ use mooncake_core::protocol::auth::{self, ClusterSecret};
 use mooncake_core::tenant::Tenant;
 use mooncake_core::units::format_size;
 use mooncake_master::daemon::RunningMaster;
+use mooncake_master::ha::follow::LeaderFollower;
 use mooncake_master::{Clock, MasterService};
 use mooncake_shm::SharedMemory;
 use mooncake_shm::shared_memory::PageSize;
@@ -238,13 +239,21 @@ impl RealClient {
             }
             Some(address) => {
                 let secret = remote_master_secret(&config, address);
-                let remote = RemoteMaster::new(address.clone(), secret.clone());
-                (
-                    Arc::new(remote) as Arc<dyn Master>,
-                    None,
-                    instance_id,
-                    secret,
-                )
+                let master: Arc<dyn Master> = match address.strip_prefix("etcd://") {
+                    Some(endpoints) => Arc::new(LeaderFollower::start(
+                        config::etcd_endpoints(endpoints).map_err(|reason| {
+                            StartError::Config(config::ConfigError::Invalid {
+                                flag: "master_server_address",
+                                reason,
+                            })
+                        })?,
+                        config.cluster_id.clone(),
+                        secret.clone(),
+                        mooncake_master::ha::follow::DEFAULT_FAILOVER_WAIT,
+                    )),
+                    None => Arc::new(RemoteMaster::new(address.clone(), secret.clone())),
+                };
+                (master, None, instance_id, secret)
             }
         };
         let master = MasterLink::new(master, tenant);

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use mooncake_core::protocol::address::SocketAddress;
 
+pub mod etcd;
 pub mod offload;
 pub mod redis;
 
@@ -61,17 +62,38 @@ pub struct MasterProcess {
     child: Option<Child>,
     /// Its RPC port.
     pub port: u16,
+    /// Its HTTP port (`/health`, `/metrics`; 0: none).
+    pub metrics_port: u16,
     args: Vec<String>,
 }
 
 impl MasterProcess {
     /// Starts `mooncake_master` on a free loopback port with `extra` flags.
     pub fn start(extra: &[&str]) -> Self {
+        Self::start_serving_http(extra, 0)
+    }
+
+    /// Starts a master with `--enable_ha` in the cluster `cluster_id` of `etcd`, with
+    /// its HTTP server on a free port.
+    pub fn start_ha(etcd: &etcd::EtcdServer, cluster_id: &str, extra: &[&str]) -> Self {
+        let mut flags = vec![
+            "--enable_ha".to_string(),
+            format!("--etcd_endpoints={}", etcd.endpoint()),
+            format!("--cluster_id={cluster_id}"),
+            "--ha_lease_ttl_sec=1".to_string(),
+        ];
+        flags.extend(extra.iter().map(|s| s.to_string()));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        Self::start_serving_http(&flags, free_tcp_port())
+    }
+
+    fn start_serving_http(extra: &[&str], metrics_port: u16) -> Self {
         let port = free_tcp_port();
         let mut args = vec![
             format!("--rpc_port={port}"),
             "--rpc_address=127.0.0.1".to_string(),
-            "--metrics_port=0".to_string(),
+            format!("--metrics_port={metrics_port}"),
+            "--metrics_host=127.0.0.1".to_string(),
             "--enable_metric_reporting=false".to_string(),
             "--log_level=warn".to_string(),
         ];
@@ -79,10 +101,42 @@ impl MasterProcess {
         let mut master = MasterProcess {
             child: None,
             port,
+            metrics_port,
             args,
         };
         master.spawn();
         master
+    }
+
+    /// Its `/health` answer (`None` when it does not answer).
+    pub fn health(&self) -> Option<String> {
+        try_http_get(self.metrics_port, "/health")
+    }
+
+    /// True when its `/health` says it leads.
+    pub fn is_leader(&self) -> bool {
+        self.health()
+            .is_some_and(|h| h.contains(r#""role":"leader""#))
+    }
+
+    /// Process id of the running instance.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// Sends `signal` (SIGSTOP, SIGCONT).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        if let Some(pid) = self.pid() {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid"));
+            nix::sys::signal::kill(pid, signal).expect("signal");
+        }
     }
 
     /// `127.0.0.1:<port>`.
@@ -333,16 +387,26 @@ pub fn eventually(limit: Duration, mut condition: impl FnMut() -> bool) -> bool 
 
 /// The body of `GET path` from an HTTP server on loopback `port`.
 pub fn http_get(port: u16, path: &str) -> String {
+    try_http_get(port, path).unwrap_or_else(|| panic!("no HTTP answer on port {port} for {path}"))
+}
+
+/// The body of `GET path` from an HTTP server on loopback `port`, `None` when it does
+/// not answer (within a second).
+pub fn try_http_get(port: u16, path: &str) -> Option<String> {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
     let mut answer = String::new();
-    stream.read_to_string(&mut answer).expect("read");
+    stream.read_to_string(&mut answer).ok()?;
     assert!(answer.starts_with("HTTP/1."), "{answer}");
-    answer
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default()
+    Some(
+        answer
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_string())
+            .unwrap_or_default(),
+    )
 }
 
 /// The value of the Prometheus sample whose line starts with `series`.

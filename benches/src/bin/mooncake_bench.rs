@@ -20,7 +20,11 @@
 //! distributed-KV backend's writes and read-backs on it next to `redis-benchmark` SET
 //! and GET of the same sizes.
 //!
-//! Two sections run only when named: `--sections embedded` starts a real client with
+//! Three sections run only when named: `--sections failover` starts a private etcd,
+//! three `mooncake_master --enable_ha` and two real clients following the leader, kills
+//! the leader with -9 `--repeats` times (at least 3) and prints the time until a put
+//! succeeds again, the acknowledged objects unreadable at the first read after the
+//! switch and those lost; `--sections embedded` starts a real client with
 //! its own master inside this process (Python's `setup()` mode, a `--segment` segment),
 //! registers an ordinary heap buffer and measures `put_from`/`get_into` of 4 KiB,
 //! 1 MiB and 16 MiB, `batch_put_from`/`batch_get_into` of 32 × 4 KiB and 32 × 1 MiB,
@@ -32,7 +36,7 @@
 //! print each throughput next to memcpy of the same bytes measured in the same round.
 //!
 //! Usage: `mooncake_bench [--client ADDR] [--repeats N] [--segment SIZE]
-//! [--sections dummy,cluster,master,offload,trace,redis,embedded,engine] [--trace FILE]`
+//! [--sections dummy,cluster,master,offload,trace,redis,embedded,engine,failover] [--trace FILE]`
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -45,6 +49,8 @@ mod cluster;
 mod embedded;
 #[path = "../engine.rs"]
 mod engine;
+#[path = "../failover.rs"]
+mod failover;
 #[path = "../master.rs"]
 mod master;
 #[path = "../offload.rs"]
@@ -115,7 +121,7 @@ fn parse_options() -> Result<Options, String> {
             }
             "help" | "h" => {
                 return Err(
-                    "usage: mooncake_bench [--client ADDR] [--repeats N] [--segment SIZE] [--sections dummy,cluster,master,offload,trace,redis,embedded,engine] [--trace FILE]".into(),
+                    "usage: mooncake_bench [--client ADDR] [--repeats N] [--segment SIZE] [--sections dummy,cluster,master,offload,trace,redis,embedded,engine,failover] [--trace FILE]".into(),
                 );
             }
             other => return Err(format!("unknown option --{other}")),
@@ -382,6 +388,9 @@ fn main() {
         }
         if options.sections.iter().any(|s| s == "embedded") {
             embedded::run(options.repeats, &options.segment)?;
+        }
+        if options.sections.iter().any(|s| s == "failover") {
+            failover::run(options.repeats.max(3))?;
         }
         if options.sections.iter().any(|s| s == "engine") {
             engine::embedded(options.repeats, &options.segment)?;

@@ -11,6 +11,7 @@
 //! item of the call with `RPC_FAIL` or `RPC_TIMEOUT`.
 
 mod remote;
+pub mod replication;
 mod wire;
 
 use std::future::Future;

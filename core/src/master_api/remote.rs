@@ -19,6 +19,7 @@ use crate::protocol::rpc::WriteMode;
 use crate::tenant::Tenant;
 use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
+use super::replication::{ChangeBatch, SnapshotPart};
 use super::{
     ClientStatus, LeasedReplicas, Master, MasterFuture, MasterStats, OffloadWork, PutStarted,
     TaskInfo, TaskWork,
@@ -123,6 +124,32 @@ impl RemoteMaster {
     /// The master's address.
     pub fn address(&self) -> &str {
         &self.address
+    }
+
+    /// High availability: the changes a standby pulls from its leader (see
+    /// [`MasterRpc::ha_pull`](crate::protocol::master_rpc::MasterRpc::ha_pull)).
+    pub async fn ha_pull(
+        &self,
+        standby: u128,
+        epoch: u64,
+        from: u64,
+        wait: Duration,
+    ) -> CodeResult<ChangeBatch> {
+        let wait_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
+        self.call(move |c| async move {
+            let mut context = ctx();
+            context.deadline = Instant::now() + wait + MASTER_DEADLINE;
+            c.ha_pull(context, standby, epoch, from, wait_ms).await
+        })
+        .await
+        .and_then(|answer| answer)
+    }
+
+    /// High availability: one part of the leader's snapshot (part 0 takes a new one).
+    pub async fn ha_snapshot(&self, standby: u128, part: u32) -> CodeResult<SnapshotPart> {
+        self.call(move |c| async move { c.ha_snapshot(ctx(), standby, part).await })
+            .await
+            .and_then(|answer| answer)
     }
 
     async fn connect(&self) -> CodeResult<Connection> {
@@ -338,6 +365,7 @@ impl Master for RemoteMaster {
         Box::pin(async move {
             self.call(move |c| async move { c.heartbeat(ctx(), client).await })
                 .await
+                .and_then(|answer| answer)
         })
     }
 
@@ -530,6 +558,7 @@ impl Master for RemoteMaster {
         Box::pin(async move {
             self.call(move |c| async move { c.fetch_tasks(ctx(), client, max).await })
                 .await
+                .and_then(|answer| answer)
         })
     }
 
@@ -574,6 +603,7 @@ impl Master for RemoteMaster {
         Box::pin(async move {
             self.call(move |c| async move { c.disk_evicted(ctx(), client, keys).await })
                 .await
+                .and_then(|answer| answer)
         })
     }
 
@@ -581,6 +611,7 @@ impl Master for RemoteMaster {
         Box::pin(async {
             self.call(move |c| async move { c.stats(ctx()).await })
                 .await
+                .and_then(|answer| answer)
         })
     }
 }

@@ -3,12 +3,13 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::CodeResult;
+use crate::master_api::replication::{ChangeBatch, SnapshotPart};
 use crate::master_api::{ClientStatus, MasterStats, OffloadWork, PutStarted, TaskInfo, TaskWork};
 use crate::protocol::rpc::WriteMode;
 use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 /// Version of the master protocol; clients and master must agree exactly.
-pub const MASTER_PROTOCOL_VERSION: u32 = 7;
+pub const MASTER_PROTOCOL_VERSION: u32 = 8;
 
 /// Most items one batch call may carry; a larger batch is refused with
 /// `INVALID_PARAMS` for every item (clients split their batches at this size).
@@ -23,6 +24,9 @@ pub struct MasterHello {
     pub master_id: u128,
     /// The master's read lease, in milliseconds.
     pub lease_ttl_ms: u64,
+    /// The leader's term under high availability (the etcd revision that elected it);
+    /// 0 for a master without high availability.
+    pub epoch: u64,
 }
 
 /// Calls a real client makes to the master.
@@ -40,7 +44,7 @@ pub trait MasterRpc {
     /// Unmounts every segment of `client` (clean shutdown).
     async fn unmount_client(client: u128) -> CodeResult<()>;
     /// Liveness; `NeedRemount` when the master does not know the client.
-    async fn heartbeat(client: u128) -> ClientStatus;
+    async fn heartbeat(client: u128) -> CodeResult<ClientStatus>;
     /// Starts writes (puts or upserts) of `(key, size)` items: one result per item, in
     /// order.
     async fn put_start(
@@ -84,7 +88,7 @@ pub trait MasterRpc {
     async fn query_task(id: u128) -> CodeResult<TaskInfo>;
     /// Up to `max` tasks for real client `client` to execute (space on the targets
     /// allocated).
-    async fn fetch_tasks(client: u128, max: u32) -> Vec<TaskWork>;
+    async fn fetch_tasks(client: u128, max: u32) -> CodeResult<Vec<TaskWork>>;
     /// Reports the outcome of a task (`Err(code)` when it failed).
     async fn finish_task(client: u128, id: u128, outcome: Result<(), i32>) -> CodeResult<()>;
     /// Registers the SSD tier of real client `client` (`UNABLE_OFFLOAD` when the
@@ -95,7 +99,16 @@ pub trait MasterRpc {
     /// Objects `client` has on disk (written, or found at startup).
     async fn offload_done(client: u128, objects: Vec<(String, u64)>) -> CodeResult<()>;
     /// Disk copies `client` is about to delete.
-    async fn disk_evicted(client: u128, keys: Vec<String>);
+    async fn disk_evicted(client: u128, keys: Vec<String>) -> CodeResult<()>;
     /// Object counts and segment usage.
-    async fn stats() -> MasterStats;
+    async fn stats() -> CodeResult<MasterStats>;
+    /// High availability, a standby to its leader: the changes from sequence number
+    /// `from` of term `epoch` on (acknowledging everything before `from`), waiting up
+    /// to `wait_ms` for one. `OPLOG_ENTRY_NOT_FOUND` when they are not kept any more
+    /// (or the term differs): install a snapshot first.
+    async fn ha_pull(standby: u128, epoch: u64, from: u64, wait_ms: u32)
+    -> CodeResult<ChangeBatch>;
+    /// High availability, a standby to its leader: part `part` of a snapshot (part 0
+    /// takes a new one).
+    async fn ha_snapshot(standby: u128, part: u32) -> CodeResult<SnapshotPart>;
 }

@@ -16,6 +16,7 @@ use std::collections::{HashMap, HashSet};
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master_api::OffloadWork;
+use mooncake_core::master_api::replication::Change;
 use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus};
 
 use super::MasterService;
@@ -44,7 +45,7 @@ pub(super) type OffloadQueues = parking_lot::Mutex<HashMap<u128, ClientQueue>>;
 pub(super) type DiskShard = parking_lot::Mutex<HashMap<Box<str>, DiskCopy>>;
 
 impl MasterService {
-    fn disk_shard(&self, key: &str) -> &DiskShard {
+    pub(super) fn disk_shard(&self, key: &str) -> &DiskShard {
         &self.disk[self.shard_index(key)]
     }
 
@@ -63,6 +64,7 @@ impl MasterService {
             return Err(ErrorCode::UNABLE_OFFLOAD);
         }
         self.offload.lock().entry(client).or_default();
+        self.note(|| Change::OffloadEnabled { client });
         Ok(())
     }
 
@@ -122,7 +124,7 @@ impl MasterService {
         if !self.config.enable_offload {
             return false;
         }
-        let Some(copy) = self.disk_shard(key).lock().remove(key) else {
+        let Some(copy) = self.remove_disk_copy(key, None) else {
             return false;
         };
         if let Some(queue) = self.offload.lock().get_mut(&copy.owner) {
@@ -179,24 +181,40 @@ impl MasterService {
                 }
                 continue;
             }
-            self.disk_shard(key).lock().insert(
+            let mut shard = self.disk_shard(key).lock();
+            shard.insert(
                 key.as_str().into(),
                 DiskCopy {
                     owner: client,
                     size: *size,
                 },
             );
+            self.note(|| Change::Disk {
+                key: key.clone(),
+                copy: Some((client, *size)),
+            });
         }
         Ok(())
+    }
+
+    /// Removes `key`'s disk copy (only `owner`'s when given), journaling it.
+    fn remove_disk_copy(&self, key: &str, owner: Option<u128>) -> Option<DiskCopy> {
+        let mut shard = self.disk_shard(key).lock();
+        if owner.is_some_and(|owner| shard.get(key).is_none_or(|c| c.owner != owner)) {
+            return None;
+        }
+        let copy = shard.remove(key)?;
+        self.note(|| Change::Disk {
+            key: key.to_string(),
+            copy: None,
+        });
+        Some(copy)
     }
 
     /// Forgets disk copies `client` is about to delete (its disk eviction).
     pub fn disk_evicted(&self, client: u128, keys: &[String]) {
         for key in keys {
-            let mut shard = self.disk_shard(key).lock();
-            if shard.get(key.as_str()).is_some_and(|c| c.owner == client) {
-                shard.remove(key.as_str());
-            }
+            self.remove_disk_copy(key, Some(client));
         }
     }
 
@@ -216,6 +234,7 @@ impl MasterService {
         for shard in self.disk.iter() {
             shard.lock().retain(|_, copy| copy.owner != client);
         }
+        self.note(|| Change::DiskClientGone { client });
     }
 
     /// A descriptor of `key`'s disk copy, when its owner is mounted.

@@ -97,6 +97,7 @@ impl MasterService {
                 && source.is_some_and(|s| !info.targets.iter().any(|t| t == s))
             {
                 self.drop_replica(version, source_id, lease_until, now);
+                self.note_object(key, shard.get(key));
             }
             self.tasks.insert_finished(TaskInfo {
                 status: TaskStatus::Success,
@@ -263,6 +264,7 @@ impl MasterService {
         if info.kind == TaskKind::Move && copied {
             self.drop_replica(version, source, lease_until, now);
         }
+        self.note_object(&info.key, shard.get(info.key.as_str()));
         true
     }
 

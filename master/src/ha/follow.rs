@@ -1,0 +1,477 @@
+//! [`LeaderFollower`]: the master of a real client whose master address is
+//! `etcd://…`. It reads the leader from etcd, watches the leader key, and sends each
+//! call to the leader of the moment. A call that fails because the leader went away
+//! (unreachable, or refusing as a standby or deposed leader) is sent again to the next
+//! leader, until the failover deadline; after it the failure is answered. A call still
+//! waiting when a new leader is named is abandoned and sent to the new one (the old
+//! one refuses it anyway once its lease lapsed).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::master_api::{
+    ClientStatus, LeasedReplicas, Master, MasterFuture, MasterStats, OffloadWork, PutStarted,
+    RemoteMaster, TaskInfo, TaskWork,
+};
+use mooncake_core::protocol::auth::ClusterSecret;
+use mooncake_core::protocol::master_rpc::MasterHello;
+use mooncake_core::protocol::rpc::WriteMode;
+use mooncake_core::tenant::Tenant;
+use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
+
+use super::etcd::{Etcd, LeaderView};
+
+/// How long a call keeps trying while no leader answers.
+pub const DEFAULT_FAILOVER_WAIT: Duration = Duration::from_secs(10);
+
+/// Pause between two tries at the same leader.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Pause before reconnecting to etcd after a failure.
+const ETCD_RETRY: Duration = Duration::from_millis(300);
+
+/// A re-read of the leader key even when the watch says nothing (a lost watch event
+/// cannot keep a client on a stale leader for longer).
+const RESYNC_PERIOD: Duration = Duration::from_secs(30);
+
+/// The leader of the moment and a connection to it.
+#[derive(Debug)]
+struct Leader {
+    view: LeaderView,
+    master: RemoteMaster,
+}
+
+/// A master found through etcd and followed across failovers.
+#[derive(Debug)]
+pub struct LeaderFollower {
+    leader: watch::Receiver<Option<Arc<Leader>>>,
+    failover_wait: Duration,
+    watcher: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for LeaderFollower {
+    fn drop(&mut self) {
+        self.watcher.abort();
+    }
+}
+
+/// True when `code` means the leader went away (try the next one).
+fn leader_gone(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::RPC_FAIL
+            | ErrorCode::RPC_TIMEOUT
+            | ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS
+            | ErrorCode::ETCD_OPERATION_ERROR
+    )
+}
+
+/// An answer that may say the leader went away.
+trait Answer {
+    /// The code, when every part of the answer failed with one that means it.
+    fn gone(&self) -> bool;
+}
+
+impl<T> Answer for CodeResult<T> {
+    fn gone(&self) -> bool {
+        self.as_ref().err().is_some_and(|code| leader_gone(*code))
+    }
+}
+
+impl<T> Answer for Vec<CodeResult<T>> {
+    fn gone(&self) -> bool {
+        !self.is_empty() && self.iter().all(Answer::gone)
+    }
+}
+
+impl LeaderFollower {
+    /// Follows the leader of `cluster_id` in the etcd cluster at `endpoints`, proving
+    /// membership with `secret`; a call keeps trying for `failover_wait` while no leader
+    /// answers. Must run inside a tokio runtime.
+    pub fn start(
+        endpoints: Vec<String>,
+        cluster_id: String,
+        secret: Option<Arc<ClusterSecret>>,
+        failover_wait: Duration,
+    ) -> Self {
+        let (publish, leader) = watch::channel(None);
+        let watcher = tokio::spawn(watch_leader(endpoints, cluster_id, secret, publish));
+        LeaderFollower {
+            leader,
+            failover_wait,
+            watcher,
+        }
+    }
+
+    /// The leader's address and term, once known.
+    pub fn leader(&self) -> Option<(String, u64)> {
+        self.leader
+            .borrow()
+            .as_ref()
+            .map(|l| (l.view.address.clone(), l.view.epoch))
+    }
+
+    /// Runs `call` against the leader, again against the next leader while the answer
+    /// says the leader went away, until the failover deadline.
+    async fn call<T, F>(
+        &self,
+        refuse: impl Fn(ErrorCode) -> T,
+        call: impl Fn(Arc<Leader>) -> F,
+    ) -> T
+    where
+        T: Answer,
+        F: Future<Output = T>,
+    {
+        let deadline = Instant::now() + self.failover_wait;
+        let mut leader = self.leader.clone();
+        loop {
+            let current = leader.borrow_and_update().clone();
+            if let Some(current) = current {
+                let answer = tokio::select! {
+                    answer = call(current) => Some(answer),
+                    _ = leader.changed() => None,
+                };
+                match answer {
+                    Some(answer) if !answer.gone() || Instant::now() >= deadline => {
+                        return answer;
+                    }
+                    Some(_) => {}
+                    None => continue, // a new leader: try it at once
+                }
+            } else if Instant::now() >= deadline {
+                return refuse(ErrorCode::RPC_FAIL);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let _ = tokio::time::timeout(left.min(RETRY_PAUSE * 4), leader.changed()).await;
+            if Instant::now() < deadline {
+                tokio::time::sleep(RETRY_PAUSE.min(left)).await;
+            }
+        }
+    }
+}
+
+impl LeaderFollower {
+    /// A `put_start` sent again after the leader went away may meet the write its
+    /// first attempt started (that answer was lost with the leader): a key answered
+    /// "exists" that is not readable is answered busy instead, so that a put is never
+    /// acknowledged for an object nobody completes.
+    async fn settle_retried_starts(&self, keys: &[String], answers: &mut [CodeResult<PutStarted>]) {
+        let doubtful: Vec<usize> = answers
+            .iter()
+            .enumerate()
+            .filter(|(_, answer)| matches!(answer, Err(ErrorCode::OBJECT_ALREADY_EXISTS)))
+            .map(|(index, _)| index)
+            .collect();
+        if doubtful.is_empty() {
+            return;
+        }
+        let probe = doubtful.iter().map(|&i| keys[i].clone()).collect();
+        let readable = Master::exist(self, probe).await;
+        for (&index, found) in doubtful.iter().zip(readable) {
+            if !matches!(found, Ok(true)) {
+                answers[index] = Err(ErrorCode::OBJECT_REPLICA_BUSY);
+            }
+        }
+    }
+}
+
+/// Publishes the leader etcd names, following the leader key, until aborted.
+async fn watch_leader(
+    endpoints: Vec<String>,
+    cluster_id: String,
+    secret: Option<Arc<ClusterSecret>>,
+    publish: watch::Sender<Option<Arc<Leader>>>,
+) {
+    let show = |view: Option<LeaderView>| {
+        let same = publish
+            .borrow()
+            .as_ref()
+            .map(|l| &l.view)
+            .zip(view.as_ref())
+            .is_some_and(|(old, new)| old == new);
+        if same {
+            return;
+        }
+        match &view {
+            Some(view) => {
+                tracing::info!(leader = %view.address, epoch = view.epoch, "following the master leader");
+            }
+            None => tracing::warn!("no master leader in etcd; calls wait for one"),
+        }
+        publish.send_replace(view.map(|view| {
+            Arc::new(Leader {
+                master: RemoteMaster::new(view.address.clone(), secret.clone()),
+                view,
+            })
+        }));
+    };
+    loop {
+        let etcd = match Etcd::connect(&endpoints, &cluster_id).await {
+            Ok(etcd) => etcd,
+            Err(error) => {
+                tracing::warn!(%error, "cannot reach etcd to find the master leader");
+                tokio::time::sleep(ETCD_RETRY).await;
+                continue;
+            }
+        };
+        loop {
+            let (view, revision) = match etcd.leader().await {
+                Ok(answer) => answer,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the master leader from etcd");
+                    break;
+                }
+            };
+            show(view);
+            match tokio::time::timeout(RESYNC_PERIOD, etcd.leader_change(revision)).await {
+                Ok(Ok(view)) => show(view),
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "lost the watch on the master leader");
+                    break;
+                }
+                Err(_) => {} // periodic re-read
+            }
+        }
+        tokio::time::sleep(ETCD_RETRY).await;
+    }
+}
+
+fn refuse_all<T>(count: usize) -> impl Fn(ErrorCode) -> Vec<CodeResult<T>> {
+    move |code| (0..count).map(|_| Err(code)).collect()
+}
+
+impl Master for LeaderFollower {
+    fn hello(&self) -> MasterFuture<'_, CodeResult<MasterHello>> {
+        Box::pin(self.call(Err, |l: Arc<Leader>| async move { l.master.hello().await }))
+    }
+
+    fn is_remote(&self) -> bool {
+        true
+    }
+
+    fn mount_segment(
+        &self,
+        client: u128,
+        name: String,
+        capacity: u64,
+        endpoint: String,
+    ) -> MasterFuture<'_, CodeResult<SegmentId>> {
+        Box::pin(self.call(Err, move |l: Arc<Leader>| {
+            let name = name.clone();
+            let endpoint = endpoint.clone();
+            async move {
+                l.master
+                    .mount_segment(client, name, capacity, endpoint)
+                    .await
+            }
+        }))
+    }
+
+    fn unmount_client(&self, client: u128) -> MasterFuture<'_, CodeResult<()>> {
+        Box::pin(self.call(Err, move |l: Arc<Leader>| async move {
+            l.master.unmount_client(client).await
+        }))
+    }
+
+    fn heartbeat(&self, client: u128) -> MasterFuture<'_, CodeResult<ClientStatus>> {
+        Box::pin(self.call(Err, move |l: Arc<Leader>| async move {
+            l.master.heartbeat(client).await
+        }))
+    }
+
+    fn put_start(
+        &self,
+        items: Vec<(String, u64)>,
+        config: ReplicateConfig,
+        mode: WriteMode,
+    ) -> MasterFuture<'_, Vec<CodeResult<PutStarted>>> {
+        let refuse = refuse_all(items.len());
+        Box::pin(async move {
+            let attempts = AtomicU32::new(0);
+            let keys: Vec<String> = items.iter().map(|(key, _)| key.clone()).collect();
+            let mut answers = self
+                .call(refuse, |l: Arc<Leader>| {
+                    attempts.fetch_add(1, Ordering::Relaxed);
+                    let (items, config) = (items.clone(), config.clone());
+                    async move { l.master.put_start(items, config, mode).await }
+                })
+                .await;
+            if attempts.load(Ordering::Relaxed) > 1 {
+                self.settle_retried_starts(&keys, &mut answers).await;
+            }
+            answers
+        })
+    }
+
+    fn put_end(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
+        let refuse = refuse_all(items.len());
+        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
+            let items = items.clone();
+            async move { l.master.put_end(items).await }
+        }))
+    }
+
+    fn put_revoke(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
+        let refuse = refuse_all(items.len());
+        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
+            let items = items.clone();
+            async move { l.master.put_revoke(items).await }
+        }))
+    }
+
+    fn get_replica_list(
+        &self,
+        keys: Vec<String>,
+        lease: Option<Duration>,
+    ) -> MasterFuture<'_, Vec<CodeResult<LeasedReplicas>>> {
+        let refuse = refuse_all(keys.len());
+        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
+            let keys = keys.clone();
+            async move { l.master.get_replica_list(keys, lease).await }
+        }))
+    }
+
+    fn exist(&self, keys: Vec<String>) -> MasterFuture<'_, Vec<CodeResult<bool>>> {
+        let refuse = refuse_all(keys.len());
+        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
+            let keys = keys.clone();
+            async move { l.master.exist(keys).await }
+        }))
+    }
+
+    fn object_size(&self, key: String) -> MasterFuture<'_, CodeResult<u64>> {
+        Box::pin(self.call(Err, move |l: Arc<Leader>| {
+            let key = key.clone();
+            async move { l.master.object_size(key).await }
+        }))
+    }
+
+    fn replica_desc(
+        &self,
+        keys: Vec<String>,
+    ) -> MasterFuture<'_, Vec<CodeResult<Vec<ReplicaDescriptor>>>> {
+        let refuse = refuse_all(keys.len());
+        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
+            let keys = keys.clone();
+            async move { l.master.replica_desc(keys).await }
+        }))
+    }
+
+    fn remove(&self, keys: Vec<String>, force: bool) -> MasterFuture<'_, Vec<CodeResult<()>>> {
+        let refuse = refuse_all(keys.len());
+        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
+            let keys = keys.clone();
+            async move { l.master.remove(keys, force).await }
+        }))
+    }
+
+    fn remove_by_regex(
+        &self,
+        tenant: Tenant,
+        pattern: String,
+        force: bool,
+    ) -> MasterFuture<'_, CodeResult<u64>> {
+        Box::pin(self.call(Err, move |l: Arc<Leader>| {
+            let tenant = tenant.clone();
+            let pattern = pattern.clone();
+            async move { l.master.remove_by_regex(tenant, pattern, force).await }
+        }))
+    }
+
+    fn remove_all(&self, tenant: Tenant, force: bool) -> MasterFuture<'_, CodeResult<u64>> {
+        Box::pin(self.call(Err, move |l: Arc<Leader>| {
+            let tenant = tenant.clone();
+            async move { l.master.remove_all(tenant, force).await }
+        }))
+    }
+
+    fn create_copy_task(
+        &self,
+        key: String,
+        targets: Vec<String>,
+        id: u128,
+    ) -> MasterFuture<'_, CodeResult<u128>> {
+        Box::pin(self.call(Err, move |l: Arc<Leader>| {
+            let key = key.clone();
+            let targets = targets.clone();
+            async move { l.master.create_copy_task(key, targets, id).await }
+        }))
+    }
+
+    fn create_move_task(
+        &self,
+        key: String,
+        source: String,
+        target: String,
+        id: u128,
+    ) -> MasterFuture<'_, CodeResult<u128>> {
+        Box::pin(self.call(Err, move |l: Arc<Leader>| {
+            let key = key.clone();
+            let source = source.clone();
+            let target = target.clone();
+            async move { l.master.create_move_task(key, source, target, id).await }
+        }))
+    }
+
+    fn query_task(&self, id: u128) -> MasterFuture<'_, CodeResult<TaskInfo>> {
+        Box::pin(self.call(Err, move |l: Arc<Leader>| async move {
+            l.master.query_task(id).await
+        }))
+    }
+
+    fn fetch_tasks(&self, client: u128, max: u32) -> MasterFuture<'_, CodeResult<Vec<TaskWork>>> {
+        Box::pin(self.call(Err, move |l: Arc<Leader>| async move {
+            l.master.fetch_tasks(client, max).await
+        }))
+    }
+
+    fn finish_task(
+        &self,
+        client: u128,
+        id: u128,
+        outcome: Result<(), i32>,
+    ) -> MasterFuture<'_, CodeResult<()>> {
+        Box::pin(self.call(Err, move |l: Arc<Leader>| async move {
+            l.master.finish_task(client, id, outcome).await
+        }))
+    }
+
+    fn enable_offload(&self, client: u128) -> MasterFuture<'_, CodeResult<()>> {
+        Box::pin(self.call(Err, move |l: Arc<Leader>| async move {
+            l.master.enable_offload(client).await
+        }))
+    }
+
+    fn offload_fetch(&self, client: u128, max: u32) -> MasterFuture<'_, CodeResult<OffloadWork>> {
+        Box::pin(self.call(Err, move |l: Arc<Leader>| async move {
+            l.master.offload_fetch(client, max).await
+        }))
+    }
+
+    fn offload_done(
+        &self,
+        client: u128,
+        objects: Vec<(String, u64)>,
+    ) -> MasterFuture<'_, CodeResult<()>> {
+        Box::pin(self.call(Err, move |l: Arc<Leader>| {
+            let objects = objects.clone();
+            async move { l.master.offload_done(client, objects).await }
+        }))
+    }
+
+    fn disk_evicted(&self, client: u128, keys: Vec<String>) -> MasterFuture<'_, CodeResult<()>> {
+        Box::pin(self.call(Err, move |l: Arc<Leader>| {
+            let keys = keys.clone();
+            async move { l.master.disk_evicted(client, keys).await }
+        }))
+    }
+
+    fn stats(&self) -> MasterFuture<'_, CodeResult<MasterStats>> {
+        Box::pin(self.call(Err, |l: Arc<Leader>| async move { l.master.stats().await }))
+    }
+}

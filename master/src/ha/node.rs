@@ -1,0 +1,481 @@
+//! [`HaNode`]: a master under high availability, as the RPC server sees it. While it
+//! leads (it holds the etcd lease and its journal is on) it answers like any master,
+//! except that a write's answer waits until every in-sync standby has the change;
+//! while it stands by, or once its lease may have lapsed, every call but `hello` is
+//! refused with `UNAVAILABLE_IN_CURRENT_STATUS` (real clients then look the leader up
+//! again). It also serves its standbys: snapshots and the change stream.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::master_api::replication::{ChangeBatch, SnapshotPart};
+use mooncake_core::master_api::{
+    ClientStatus, LeasedReplicas, Master, MasterFuture, MasterStats, OffloadWork, PutStarted,
+    TaskInfo, TaskWork,
+};
+use mooncake_core::protocol::master_rpc::MasterHello;
+use mooncake_core::protocol::rpc::WriteMode;
+use mooncake_core::tenant::Tenant;
+use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
+
+use super::etcd::Etcd;
+use super::journal::Journal;
+use crate::MasterService;
+
+/// Bytes per snapshot part.
+pub const SNAPSHOT_PART_BYTES: usize = 8 << 20;
+
+/// Longest a standby's pull waits for a change.
+pub const MAX_PULL_WAIT: Duration = Duration::from_secs(1);
+
+/// A snapshot being handed to one standby.
+#[derive(Debug)]
+struct Captured {
+    epoch: u64,
+    sequence: u64,
+    parts: Vec<Vec<u8>>,
+}
+
+/// Counters for `/metrics` and `/health`.
+#[derive(Debug, Default)]
+pub struct HaCounters {
+    /// Times this master became the leader.
+    pub terms_led: AtomicU64,
+    /// Snapshots taken for standbys.
+    pub snapshots_served: AtomicU64,
+    /// Bytes of the last snapshot taken or installed.
+    pub last_snapshot_bytes: AtomicU64,
+    /// Changes applied while standing by.
+    pub changes_applied: AtomicU64,
+    /// Snapshots installed while standing by.
+    pub snapshots_installed: AtomicU64,
+    /// Changes the leader had that this standby had not applied at its last pull.
+    pub standby_lag: AtomicU64,
+    /// Standbys dropped from the in-sync set for not acknowledging in time.
+    pub standbys_dropped: AtomicU64,
+}
+
+/// A master under high availability.
+#[derive(Debug)]
+pub struct HaNode {
+    master: Arc<MasterService>,
+    etcd: Etcd,
+    /// Until when this master's etcd lease surely holds (`None`: it does not lead).
+    lease_until: Mutex<Option<Instant>>,
+    snapshots: Mutex<HashMap<u128, Arc<Captured>>>,
+    /// Who this master follows while it stands by: address and term.
+    following: Mutex<Option<(String, u64)>>,
+    /// Counters.
+    pub counters: HaCounters,
+}
+
+/// `count` copies of the refusal `code`.
+fn refuse_all<T>(count: usize, code: ErrorCode) -> Vec<CodeResult<T>> {
+    (0..count).map(|_| Err(code)).collect()
+}
+
+impl HaNode {
+    /// A standby node over `master` (which must be empty or hold a snapshot).
+    pub fn new(master: Arc<MasterService>, etcd: Etcd) -> Self {
+        HaNode {
+            master,
+            etcd,
+            lease_until: Mutex::new(None),
+            snapshots: Mutex::new(HashMap::new()),
+            following: Mutex::new(None),
+            counters: HaCounters::default(),
+        }
+    }
+
+    /// The master.
+    pub fn master(&self) -> &Arc<MasterService> {
+        &self.master
+    }
+
+    /// The etcd connection.
+    pub fn etcd(&self) -> &Etcd {
+        &self.etcd
+    }
+
+    /// Becomes the leader of term `journal.epoch()`, its lease holding until `until`.
+    pub fn lead(&self, journal: Arc<Journal>, until: Instant) {
+        *self.lease_until.lock() = Some(until);
+        *self.following.lock() = None;
+        self.master.take_over(journal);
+        self.counters.terms_led.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records that the lease now surely holds until `until`.
+    pub fn renewed(&self, until: Instant) {
+        let mut lease = self.lease_until.lock();
+        if let Some(current) = lease.as_mut() {
+            *current = (*current).max(until);
+        }
+    }
+
+    /// Records whom this standby follows.
+    pub fn follow(&self, leader: Option<(String, u64)>) {
+        *self.following.lock() = leader;
+    }
+
+    /// `"leader"` or `"standby"`, the term, and the leader followed (standby).
+    pub fn role(&self) -> (&'static str, u64, Option<String>) {
+        match self.leading() {
+            Ok(journal) => ("leader", journal.epoch(), None),
+            Err(_) => {
+                let following = self.following.lock().clone();
+                let epoch = following.as_ref().map_or(0, |(_, e)| *e);
+                ("standby", epoch, following.map(|(a, _)| a))
+            }
+        }
+    }
+
+    /// The journal, while this master leads and its lease surely holds.
+    pub fn leading(&self) -> CodeResult<Arc<Journal>> {
+        let journal = self
+            .master
+            .journal()
+            .ok_or(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS)?;
+        match *self.lease_until.lock() {
+            Some(until) if Instant::now() < until => Ok(Arc::clone(journal)),
+            _ => Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS),
+        }
+    }
+
+    /// Waits until the in-sync standbys have everything journaled so far; standbys
+    /// that did not answer in time are taken off etcd's in-sync list first (a write is
+    /// acknowledged only when no standby that could take over lacks it).
+    async fn replicated(&self, journal: &Journal) -> CodeResult<()> {
+        let dropped = journal.replicated(journal.head()).await.dropped;
+        for standby in dropped {
+            self.counters
+                .standbys_dropped
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                standby = %format!("{standby:032x}"),
+                "a standby did not acknowledge within the sync timeout; it leaves the in-sync set"
+            );
+            if let Err(error) = self.etcd.mark_out_of_sync(standby).await {
+                tracing::error!(%error, "cannot record a lagging standby in etcd; the write is not acknowledged");
+                return Err(ErrorCode::ETCD_OPERATION_ERROR);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a mutating call on the master while leading, and answers once it is
+    /// replicated (or with `refuse(code)`).
+    fn write<'a, T: Send + 'a>(
+        &'a self,
+        refuse: impl FnOnce(ErrorCode) -> T + Send + 'a,
+        call: impl FnOnce(&'a MasterService) -> MasterFuture<'a, T> + Send + 'a,
+    ) -> MasterFuture<'a, T> {
+        Box::pin(async move {
+            let journal = match self.leading() {
+                Ok(journal) => journal,
+                Err(code) => return refuse(code),
+            };
+            // The master answers when called (its futures are ready when made), so the
+            // whole mutation runs under the gate.
+            let answer = {
+                let _mutation = journal.mutation();
+                call(self.master.as_ref())
+            };
+            let value = answer.await;
+            match self.replicated(&journal).await {
+                Ok(()) => value,
+                Err(code) => refuse(code),
+            }
+        })
+    }
+
+    /// Runs a call that changes nothing a standby keeps (reads, heartbeats).
+    fn read<'a, T: Send + 'a>(
+        &'a self,
+        refuse: impl FnOnce(ErrorCode) -> T + Send + 'a,
+        call: impl FnOnce(&'a MasterService) -> MasterFuture<'a, T> + Send + 'a,
+    ) -> MasterFuture<'a, T> {
+        Box::pin(async move {
+            match self.leading() {
+                Ok(_) => call(self.master.as_ref()).await,
+                Err(code) => refuse(code),
+            }
+        })
+    }
+
+    /// A standby's pull (see [`Journal::pull`]); a standby that catches up is listed
+    /// in sync in etcd.
+    pub async fn pull(
+        &self,
+        standby: u128,
+        epoch: u64,
+        from: u64,
+        wait: Duration,
+    ) -> CodeResult<ChangeBatch> {
+        let journal = self.leading()?;
+        let (batch, joined) = journal
+            .pull(standby, epoch, from, wait.min(MAX_PULL_WAIT))
+            .await?;
+        if joined {
+            tracing::info!(standby = %format!("{standby:032x}"), "a standby is in sync");
+            if let Err(error) = self.etcd.mark_in_sync(standby, journal.epoch()).await {
+                tracing::warn!(%error, "cannot list the standby as in sync in etcd");
+            }
+        }
+        Ok(batch)
+    }
+
+    /// Part `part` of a snapshot for `standby`; part 0 takes a new one (the standby
+    /// then pulls changes from its sequence number on).
+    pub async fn snapshot(&self, standby: u128, part: u32) -> CodeResult<SnapshotPart> {
+        let journal = self.leading()?;
+        if part == 0 {
+            let (sequence, state) = {
+                let _quiet = journal.quiesce();
+                let sequence = journal.head();
+                journal.attach(standby, sequence)?;
+                (sequence, self.master.snapshot_state())
+            };
+            let bytes = tokio::task::spawn_blocking(move || postcard::to_allocvec(&state))
+                .await
+                .map_err(|_| ErrorCode::INTERNAL_ERROR)?
+                .map_err(|_| ErrorCode::SERIALIZE_FAIL)?;
+            self.counters
+                .last_snapshot_bytes
+                .store(bytes.len() as u64, Ordering::Relaxed);
+            self.counters
+                .snapshots_served
+                .fetch_add(1, Ordering::Relaxed);
+            let parts = bytes
+                .chunks(SNAPSHOT_PART_BYTES)
+                .map(<[u8]>::to_vec)
+                .collect::<Vec<_>>();
+            let parts = if parts.is_empty() {
+                vec![Vec::new()]
+            } else {
+                parts
+            };
+            let mut snapshots = self.snapshots.lock();
+            if !snapshots.contains_key(&standby) && snapshots.len() >= super::journal::MAX_STANDBYS
+            {
+                return Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS);
+            }
+            snapshots.insert(
+                standby,
+                Arc::new(Captured {
+                    epoch: journal.epoch(),
+                    sequence,
+                    parts,
+                }),
+            );
+        }
+        let mut snapshots = self.snapshots.lock();
+        let captured = snapshots
+            .get(&standby)
+            .cloned()
+            .ok_or(ErrorCode::INVALID_PARAMS)?;
+        let index = usize::try_from(part).unwrap_or(usize::MAX);
+        let bytes = captured
+            .parts
+            .get(index)
+            .cloned()
+            .ok_or(ErrorCode::INVALID_PARAMS)?;
+        if index + 1 == captured.parts.len() {
+            snapshots.remove(&standby);
+        }
+        Ok(SnapshotPart {
+            epoch: captured.epoch,
+            sequence: captured.sequence,
+            parts: u32::try_from(captured.parts.len()).unwrap_or(u32::MAX),
+            bytes,
+        })
+    }
+}
+
+impl Master for HaNode {
+    fn hello(&self) -> MasterFuture<'_, CodeResult<MasterHello>> {
+        Box::pin(async move {
+            let mut hello = Master::hello(&*self.master).await?;
+            hello.epoch = self.leading().map_or(0, |journal| journal.epoch());
+            Ok(hello)
+        })
+    }
+
+    fn is_remote(&self) -> bool {
+        false
+    }
+
+    fn mount_segment(
+        &self,
+        client: u128,
+        name: String,
+        capacity: u64,
+        endpoint: String,
+    ) -> MasterFuture<'_, CodeResult<SegmentId>> {
+        self.write(Err, move |m| {
+            Master::mount_segment(m, client, name, capacity, endpoint)
+        })
+    }
+
+    fn unmount_client(&self, client: u128) -> MasterFuture<'_, CodeResult<()>> {
+        self.write(Err, move |m| Master::unmount_client(m, client))
+    }
+
+    fn heartbeat(&self, client: u128) -> MasterFuture<'_, CodeResult<ClientStatus>> {
+        self.read(Err, move |m| Master::heartbeat(m, client))
+    }
+
+    fn put_start(
+        &self,
+        items: Vec<(String, u64)>,
+        config: ReplicateConfig,
+        mode: WriteMode,
+    ) -> MasterFuture<'_, Vec<CodeResult<PutStarted>>> {
+        let count = items.len();
+        self.write(
+            move |code| refuse_all(count, code),
+            move |m| Master::put_start(m, items, config, mode),
+        )
+    }
+
+    fn put_end(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
+        let count = items.len();
+        self.write(
+            move |code| refuse_all(count, code),
+            move |m| Master::put_end(m, items),
+        )
+    }
+
+    fn put_revoke(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
+        let count = items.len();
+        self.write(
+            move |code| refuse_all(count, code),
+            move |m| Master::put_revoke(m, items),
+        )
+    }
+
+    fn get_replica_list(
+        &self,
+        keys: Vec<String>,
+        lease: Option<Duration>,
+    ) -> MasterFuture<'_, Vec<CodeResult<LeasedReplicas>>> {
+        let count = keys.len();
+        self.read(
+            move |code| refuse_all(count, code),
+            move |m| Master::get_replica_list(m, keys, lease),
+        )
+    }
+
+    fn exist(&self, keys: Vec<String>) -> MasterFuture<'_, Vec<CodeResult<bool>>> {
+        let count = keys.len();
+        self.read(
+            move |code| refuse_all(count, code),
+            move |m| Master::exist(m, keys),
+        )
+    }
+
+    fn object_size(&self, key: String) -> MasterFuture<'_, CodeResult<u64>> {
+        self.read(Err, move |m| Master::object_size(m, key))
+    }
+
+    fn replica_desc(
+        &self,
+        keys: Vec<String>,
+    ) -> MasterFuture<'_, Vec<CodeResult<Vec<ReplicaDescriptor>>>> {
+        let count = keys.len();
+        self.read(
+            move |code| refuse_all(count, code),
+            move |m| Master::replica_desc(m, keys),
+        )
+    }
+
+    fn remove(&self, keys: Vec<String>, force: bool) -> MasterFuture<'_, Vec<CodeResult<()>>> {
+        let count = keys.len();
+        self.write(
+            move |code| refuse_all(count, code),
+            move |m| Master::remove(m, keys, force),
+        )
+    }
+
+    fn remove_by_regex(
+        &self,
+        tenant: Tenant,
+        pattern: String,
+        force: bool,
+    ) -> MasterFuture<'_, CodeResult<u64>> {
+        self.write(Err, move |m| {
+            Master::remove_by_regex(m, tenant, pattern, force)
+        })
+    }
+
+    fn remove_all(&self, tenant: Tenant, force: bool) -> MasterFuture<'_, CodeResult<u64>> {
+        self.write(Err, move |m| Master::remove_all(m, tenant, force))
+    }
+
+    fn create_copy_task(
+        &self,
+        key: String,
+        targets: Vec<String>,
+        id: u128,
+    ) -> MasterFuture<'_, CodeResult<u128>> {
+        self.write(Err, move |m| Master::create_copy_task(m, key, targets, id))
+    }
+
+    fn create_move_task(
+        &self,
+        key: String,
+        source: String,
+        target: String,
+        id: u128,
+    ) -> MasterFuture<'_, CodeResult<u128>> {
+        self.write(Err, move |m| {
+            Master::create_move_task(m, key, source, target, id)
+        })
+    }
+
+    fn query_task(&self, id: u128) -> MasterFuture<'_, CodeResult<TaskInfo>> {
+        self.read(Err, move |m| Master::query_task(m, id))
+    }
+
+    fn fetch_tasks(&self, client: u128, max: u32) -> MasterFuture<'_, CodeResult<Vec<TaskWork>>> {
+        self.write(Err, move |m| Master::fetch_tasks(m, client, max))
+    }
+
+    fn finish_task(
+        &self,
+        client: u128,
+        id: u128,
+        outcome: Result<(), i32>,
+    ) -> MasterFuture<'_, CodeResult<()>> {
+        self.write(Err, move |m| Master::finish_task(m, client, id, outcome))
+    }
+
+    fn enable_offload(&self, client: u128) -> MasterFuture<'_, CodeResult<()>> {
+        self.write(Err, move |m| Master::enable_offload(m, client))
+    }
+
+    fn offload_fetch(&self, client: u128, max: u32) -> MasterFuture<'_, CodeResult<OffloadWork>> {
+        self.read(Err, move |m| Master::offload_fetch(m, client, max))
+    }
+
+    fn offload_done(
+        &self,
+        client: u128,
+        objects: Vec<(String, u64)>,
+    ) -> MasterFuture<'_, CodeResult<()>> {
+        self.write(Err, move |m| Master::offload_done(m, client, objects))
+    }
+
+    fn disk_evicted(&self, client: u128, keys: Vec<String>) -> MasterFuture<'_, CodeResult<()>> {
+        self.write(Err, move |m| Master::disk_evicted(m, client, keys))
+    }
+
+    fn stats(&self) -> MasterFuture<'_, CodeResult<MasterStats>> {
+        self.read(Err, move |m| Master::stats(m))
+    }
+}

@@ -1,0 +1,287 @@
+//! The master's side of high availability: journaling every metadata change while it
+//! leads, taking and installing snapshots, applying a leader's changes while it stands
+//! by, and taking over.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use mooncake_core::allocator::Allocation;
+use mooncake_core::master_api::LOCAL_OWNER;
+use mooncake_core::master_api::replication::{
+    Change, ObjectImage, PendingImage, ReplicaSpace, SnapshotState, VersionImage,
+};
+
+use super::MasterService;
+use super::offload::DiskCopy;
+use crate::ha::journal::Journal;
+use crate::objects::{ObjectEntry, PendingWrite, StoredReplica, Version};
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn version_image(version: &Version) -> VersionImage {
+    VersionImage {
+        size: version.size,
+        replicas: version
+            .replicas
+            .iter()
+            .map(|r| ReplicaSpace {
+                segment: r.segment.id,
+                offset: r.allocation.offset,
+                len: r.allocation.len,
+            })
+            .collect(),
+    }
+}
+
+/// An entry as the journal records it at `now`.
+fn image_of(entry: &ObjectEntry, now: Instant) -> ObjectImage {
+    ObjectImage {
+        readable: entry.readable.as_ref().map(version_image),
+        pending: entry.pending.as_ref().map(|p| PendingImage {
+            version: version_image(&p.version),
+            write_id: p.write_id,
+            age_ms: millis(now.saturating_duration_since(p.started)),
+            soft_pin_ms: p.soft_pin.map(|pin| pin.map(millis)),
+        }),
+        hard_pinned: entry.is_hard_pinned(),
+        soft_pin_left_ms: entry.soft_pin_left_ms(now),
+    }
+}
+
+impl MasterService {
+    /// Journals a change, when this master leads under high availability.
+    pub(crate) fn note(&self, change: impl FnOnce() -> Change) {
+        if let Some(journal) = self.segments.journal() {
+            journal.record(change());
+        }
+    }
+
+    /// Journals the entry of `key` as it is now (`None`: gone); called with its shard
+    /// locked, so the journal orders a key's changes as they happened.
+    pub(crate) fn note_object(&self, key: &str, entry: Option<&ObjectEntry>) {
+        if let Some(journal) = self.segments.journal() {
+            let now = self.clock.now();
+            journal.record(Change::Object {
+                key: key.to_string(),
+                image: entry.map(|e| image_of(e, now)),
+            });
+        }
+    }
+
+    /// The journal of this master's term, when it leads under high availability.
+    pub fn journal(&self) -> Option<&Arc<Journal>> {
+        self.segments.journal()
+    }
+
+    /// Every object, segment (with its free space) and disk copy, as of now. Take it
+    /// with the journal quiesced, so that it matches one journal position.
+    pub fn snapshot_state(&self) -> SnapshotState {
+        let now = self.clock.now();
+        let mut state = SnapshotState {
+            segments: self.segments.states(),
+            offload_clients: self.offload.lock().keys().copied().collect(),
+            ..SnapshotState::default()
+        };
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            state.objects.reserve(shard.len());
+            state
+                .objects
+                .extend(shard.iter().map(|(k, e)| (k.to_string(), image_of(e, now))));
+        }
+        for shard in self.disk.iter() {
+            let shard = shard.lock();
+            state
+                .disk
+                .extend(shard.iter().map(|(k, c)| (k.to_string(), c.owner, c.size)));
+        }
+        state
+    }
+
+    /// Replaces everything this (standby) master knows with a leader's snapshot.
+    pub fn install_snapshot(&self, state: SnapshotState) -> Result<(), String> {
+        for shard in self.shards.iter() {
+            shard.lock().clear();
+        }
+        for shard in self.disk.iter() {
+            shard.lock().clear();
+        }
+        self.offload.lock().clear();
+        self.segments.clear();
+        for segment in &state.segments {
+            if !self
+                .segments
+                .mount_copy(&segment.segment, Some(&segment.free))
+            {
+                return Err(format!(
+                    "segment {} ({}) has an invalid free list",
+                    segment.segment.id, segment.segment.name
+                ));
+            }
+        }
+        let now = self.clock.now();
+        for (key, image) in state.objects {
+            self.put_image(&key, Some(image), now);
+        }
+        for (key, owner, size) in state.disk {
+            self.disk_shard(&key)
+                .lock()
+                .insert(key.as_str().into(), DiskCopy { owner, size });
+        }
+        let mut queues = self.offload.lock();
+        for client in state.offload_clients {
+            queues.entry(client).or_default();
+        }
+        Ok(())
+    }
+
+    /// Applies one of the leader's changes (a standby).
+    pub fn apply_change(&self, change: Change) {
+        let now = self.clock.now();
+        match change {
+            Change::Object { key, image } => self.put_image(&key, image, now),
+            Change::Disk { key, copy } => {
+                let mut shard = self.disk_shard(&key).lock();
+                match copy {
+                    Some((owner, size)) => {
+                        shard.insert(key.as_str().into(), DiskCopy { owner, size });
+                    }
+                    None => {
+                        shard.remove(key.as_str());
+                    }
+                }
+            }
+            Change::DiskClientGone { client } => {
+                self.offload.lock().remove(&client);
+                for shard in self.disk.iter() {
+                    shard.lock().retain(|_, copy| copy.owner != client);
+                }
+            }
+            Change::OffloadEnabled { client } => {
+                self.offload.lock().entry(client).or_default();
+            }
+            Change::Mounted(image) => {
+                self.segments.mount_copy(&image, None);
+            }
+            Change::Unmounted { id } => {
+                let _ = self.unmount_segment(id);
+            }
+            Change::Allocated(space) => {
+                if let Some(segment) = self.segments.get(space.segment)
+                    && !segment.reserve(allocation(space))
+                {
+                    tracing::error!(
+                        ?space,
+                        "the leader allocated space this standby sees in use; resynchronising is advised"
+                    );
+                }
+            }
+            Change::Freed(space) => {
+                if let Some(segment) = self.segments.get(space.segment) {
+                    segment.free(allocation(space));
+                }
+            }
+        }
+    }
+
+    /// Sets the entry of `key` to `image` (`None`, or no replica left: removes it).
+    fn put_image(&self, key: &str, image: Option<ObjectImage>, now: Instant) {
+        let mut shard = self.shard(key).lock();
+        let Some(image) = image else {
+            shard.remove(key);
+            return;
+        };
+        let readable = image.readable.and_then(|v| self.version_from(v));
+        let pending = image.pending.and_then(|p| {
+            let version = self.version_from(p.version)?;
+            self.write_ids.fetch_max(p.write_id, Ordering::Relaxed);
+            Some(Box::new(PendingWrite {
+                version,
+                started: now
+                    .checked_sub(Duration::from_millis(p.age_ms))
+                    .unwrap_or(now),
+                soft_pin: p.soft_pin_ms.map(|pin| pin.map(Duration::from_millis)),
+                write_id: p.write_id,
+            }))
+        });
+        if readable.is_none() && pending.is_none() {
+            shard.remove(key);
+            return;
+        }
+        let mut entry = ObjectEntry::new(now);
+        entry.readable = readable;
+        entry.pending = pending;
+        if image.hard_pinned {
+            entry.pin_hard();
+        }
+        if image.soft_pin_left_ms > 0 {
+            let left = Duration::from_millis(u64::from(image.soft_pin_left_ms));
+            entry.set_soft_pin(Some(now + left));
+        }
+        shard.insert(key.into(), entry);
+    }
+
+    /// A version on the segments this master has mounted (replicas on others dropped).
+    fn version_from(&self, image: VersionImage) -> Option<Version> {
+        let replicas: Vec<StoredReplica> = image
+            .replicas
+            .iter()
+            .filter_map(|r| {
+                Some(StoredReplica {
+                    segment: self.segments.get(r.segment)?,
+                    allocation: allocation(*r),
+                })
+            })
+            .collect();
+        (!replicas.is_empty()).then(|| Version {
+            size: image.size,
+            replicas: replicas.into(),
+        })
+    }
+
+    /// Becomes the leader of a new term: from now on changes go to `journal`. What the
+    /// predecessor may have granted is honoured conservatively: every object is held
+    /// for one read lease (no eviction, no unforced removal, space not reused), every
+    /// segment owner counts as alive from now, objects not on disk yet are queued for
+    /// their owner's SSD tier again, and writes in progress keep their age (they are
+    /// discarded like any abandoned write).
+    pub fn take_over(&self, journal: Arc<Journal>) {
+        let now = self.clock.now();
+        let hold = now + self.config.default_kv_lease_ttl;
+        let mut readable = Vec::new();
+        for shard in self.shards.iter() {
+            for (key, entry) in shard.lock().iter_mut() {
+                entry.hold_lease_until(hold);
+                if let Some(version) = &entry.readable
+                    && let Some(first) = version.replicas.iter().next()
+                {
+                    readable.push((key.to_string(), version.size, first.segment.owner));
+                }
+            }
+        }
+        for segment in self.segments.all() {
+            if segment.owner != LOCAL_OWNER {
+                self.clients.touch(segment.owner, now);
+            }
+        }
+        let _ = self.segments.start_journal(journal);
+        *self.abandoned_scan_due.lock() = None;
+        if self.config.enable_offload && !self.config.offload_on_evict {
+            for (key, size, owner) in readable {
+                if self.disk_copy(&key).is_none() {
+                    self.queue_offload(&key, size, owner);
+                }
+            }
+        }
+    }
+}
+
+fn allocation(space: ReplicaSpace) -> Allocation {
+    Allocation {
+        offset: space.offset,
+        len: space.len,
+    }
+}
