@@ -82,8 +82,11 @@ fn ha_health(node: &HaNode) -> String {
             let standbys = journal
                 .standbys()
                 .iter()
-                .map(|(id, in_sync, behind)| {
-                    format!(r#"{{"id":"{id:032x}","in_sync":{in_sync},"behind":{behind}}}"#)
+                .map(|(id, s)| {
+                    format!(
+                        r#"{{"id":"{id:032x}","address":{:?},"in_sync":{},"behind":{}}}"#,
+                        s.address, s.in_sync, s.behind
+                    )
                 })
                 .collect::<Vec<_>>()
                 .join(",");
@@ -110,7 +113,7 @@ fn ha_metrics(node: &HaNode) -> String {
     let (lag, in_sync) = match node.leading() {
         Ok(journal) => (
             journal.lag(),
-            journal.standbys().iter().filter(|s| s.1).count() as u64,
+            journal.standbys().iter().filter(|(_, s)| s.in_sync).count() as u64,
         ),
         Err(_) => (counters.standby_lag.load(Relaxed), 0),
     };

@@ -917,7 +917,11 @@ async fn run_highly_available(
         master.sign_transfers(Arc::clone(secret));
     }
     let etcd = Etcd::connect(&ha.etcd_endpoints, &ha.cluster_id).await?;
-    let node = Arc::new(HaNode::new(Arc::clone(&master), etcd));
+    let node = Arc::new(HaNode::new(
+        Arc::clone(&master),
+        etcd,
+        ha.advertised.clone(),
+    ));
     let listener = TcpListener::bind(config.rpc_address)
         .await
         .map_err(|source| DaemonError::Bind {

@@ -347,13 +347,14 @@ impl MasterRpc for MasterHandler {
         self,
         _: Context,
         standby: u128,
+        address: String,
         epoch: u64,
         from: u64,
         wait_ms: u32,
     ) -> CodeResult<ChangeBatch> {
         let node = self.ha.ok_or(ErrorCode::UNAVAILABLE_IN_CURRENT_MODE)?;
         let wait = Duration::from_millis(u64::from(wait_ms));
-        node.pull(standby, epoch, from, wait).await
+        node.pull((standby, address), epoch, from, wait).await
     }
 
     async fn ha_snapshot(self, _: Context, standby: u128, part: u32) -> CodeResult<SnapshotPart> {

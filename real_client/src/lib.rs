@@ -340,6 +340,10 @@ impl RealClient {
             started,
             metrics: Default::default(),
             admission: Default::default(),
+            master_at: config
+                .master_address
+                .clone()
+                .unwrap_or_else(|| "embedded".into()),
             max_hard_pinned_bytes_per_dummy: config.hard_pin_quota(),
         });
         let (shutdown, _) = watch::channel(false);

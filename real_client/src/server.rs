@@ -96,6 +96,8 @@ pub struct ServerState {
     pub admission: Admission,
     /// Most bytes of hard-pinned objects one dummy may hold.
     pub max_hard_pinned_bytes_per_dummy: u64,
+    /// Where the master is (`embedded`, `host:port` or `etcd://…`), for status reports.
+    pub master_at: String,
 }
 
 impl ServerState {
@@ -110,6 +112,7 @@ impl ServerState {
             mapped_bytes: dummies.iter().map(|d| d.mapped_bytes).sum(),
             dummies,
             master: self.store.master().stats().await.unwrap_or_default(),
+            master_at: self.master_at.clone(),
             remote_disk_reads: self.store.remote_disk_reads(),
             segment_bytes: self.store.segment().memory.len() as u64,
             segment_resident_bytes: self.store.segment().memory.resident_bytes(),

@@ -34,10 +34,17 @@ pub fn binary(name: &str) -> PathBuf {
 
 static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
 
-/// A port number (naming an abstract socket) unlikely to clash with other test processes.
+/// A port number (naming an abstract socket) that no other test of this process has
+/// had, and that nothing serves now: each test process counts through its own block of
+/// 512 numbers.
 pub fn unique_port() -> u16 {
-    let base = 20_000 + (std::process::id() % 2_000) as u16 * 16;
-    base + NEXT_PORT.fetch_add(1, Ordering::Relaxed) % 16 + 1
+    let block = 20_000 + (std::process::id() % 80) as u16 * 512;
+    loop {
+        let port = block + NEXT_PORT.fetch_add(1, Ordering::Relaxed) % 512;
+        if !socket_accepts(&SocketAddress::for_port(port)) {
+            return port;
+        }
+    }
 }
 
 /// A free TCP port on loopback (bound once to find it, then released).

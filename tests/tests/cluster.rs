@@ -244,6 +244,11 @@ fn real_clients_remount_after_a_master_restart() {
     let a = RealClientProcess::join(&master, "32MB", &[]);
     let b = RealClientProcess::join(&master, "32MB", &[]);
     let client = dummy(&a);
+    // A node serves its socket before its segment is mounted: restart the master only
+    // once both are.
+    assert!(eventually(Duration::from_secs(5), || {
+        client.status().is_ok_and(|s| s.master.segments.len() == 2)
+    }));
     client
         .put("before", b"x", &ReplicateConfig::default())
         .expect("put");

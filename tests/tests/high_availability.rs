@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use mooncake_dummy_client::{DummyClient, ReplicateConfig};
 use mooncake_integration_tests::etcd::EtcdServer;
-use mooncake_integration_tests::{MasterProcess, RealClientProcess, eventually, unique_port};
+use mooncake_integration_tests::{MasterProcess, RealClientProcess, cli, eventually, unique_port};
 
 /// etcd, masters and nodes of one test cluster (all killed on drop).
 struct Cluster {
@@ -171,6 +171,20 @@ fn a_restarted_standby_catches_up_and_can_take_over_alone() {
     acked.extend(write(&cluster, &writer, "while-down", 20));
     cluster.masters[standby].restart();
     cluster.wait_for_standbys(2);
+    // mooncake_cli status names the leader and both standbys, in sync.
+    let status = cli(&cluster.nodes[0].address(), &["status"]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains(&format!(
+            "leader {} (term ",
+            cluster.masters[leader].address()
+        )),
+        "{text}"
+    );
+    for other in [standby, other] {
+        let line = format!("standby {}: in sync", cluster.masters[other].address());
+        assert!(text.contains(&line), "{line} missing from:\n{text}");
+    }
     acked.extend(write(&cluster, &writer, "after", 20));
     assert_eq!(acked.len(), 60);
     // Only the restarted standby is left to take over.

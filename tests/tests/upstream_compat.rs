@@ -307,7 +307,7 @@ fn unknown_and_refused_flags() {
     for (args, flag) in [
         (
             &["--enable_ha=true"][..],
-            "--enable_ha=true is not supported",
+            "--enable_ha needs --etcd_endpoints",
         ),
         (
             &["--rpc_enable_tcp_no_delay=false"],

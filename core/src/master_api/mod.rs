@@ -26,8 +26,8 @@ use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 pub use remote::{RemoteMaster, as_caller_thread};
 pub use wire::{
-    ClientStatus, LOCAL_OWNER, MasterStats, OffloadWork, PutStarted, SegmentUsage, TaskInfo,
-    TaskKind, TaskStatus, TaskWork,
+    ClientStatus, HaStatus, LOCAL_OWNER, MasterStats, OffloadWork, PutStarted, SegmentUsage,
+    StandbyStatus, TaskInfo, TaskKind, TaskStatus, TaskWork,
 };
 
 /// The future a [`Master`] call returns.

@@ -130,7 +130,7 @@ impl RemoteMaster {
     /// [`MasterRpc::ha_pull`](crate::protocol::master_rpc::MasterRpc::ha_pull)).
     pub async fn ha_pull(
         &self,
-        standby: u128,
+        standby: (u128, String),
         epoch: u64,
         from: u64,
         wait: Duration,
@@ -139,7 +139,8 @@ impl RemoteMaster {
         self.call(move |c| async move {
             let mut context = ctx();
             context.deadline = Instant::now() + wait + MASTER_DEADLINE;
-            c.ha_pull(context, standby, epoch, from, wait_ms).await
+            let (id, address) = standby;
+            c.ha_pull(context, id, address, epoch, from, wait_ms).await
         })
         .await
         .and_then(|answer| answer)

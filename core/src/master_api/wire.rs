@@ -33,6 +33,30 @@ pub struct MasterStats {
     /// Maintenance passes (eviction, lease and client expiry, task timeouts) run since
     /// start: one every 50 ms, by the master's one maintenance task.
     pub maintenance_rounds: u64,
+    /// High availability: the leader's term and standbys (`None` without it).
+    pub ha: Option<HaStatus>,
+}
+
+/// The masters of a highly available cluster, as the leader sees them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HaStatus {
+    /// The leader's term.
+    pub epoch: u64,
+    /// The leader's RPC address.
+    pub leader: String,
+    /// The standbys pulling from it.
+    pub standbys: Vec<StandbyStatus>,
+}
+
+/// One standby as its leader sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StandbyStatus {
+    /// Its RPC address.
+    pub address: String,
+    /// True when the leader's writes wait for it.
+    pub in_sync: bool,
+    /// Changes it has not acknowledged yet.
+    pub behind: u64,
 }
 
 /// Owner id of segments mounted by the master's own process (never expire).

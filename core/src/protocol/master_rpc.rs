@@ -102,12 +102,17 @@ pub trait MasterRpc {
     async fn disk_evicted(client: u128, keys: Vec<String>) -> CodeResult<()>;
     /// Object counts and segment usage.
     async fn stats() -> CodeResult<MasterStats>;
-    /// High availability, a standby to its leader: the changes from sequence number
-    /// `from` of term `epoch` on (acknowledging everything before `from`), waiting up
-    /// to `wait_ms` for one. `OPLOG_ENTRY_NOT_FOUND` when they are not kept any more
-    /// (or the term differs): install a snapshot first.
-    async fn ha_pull(standby: u128, epoch: u64, from: u64, wait_ms: u32)
-    -> CodeResult<ChangeBatch>;
+    /// High availability, a standby (its id and RPC address) to its leader: the changes
+    /// from sequence number `from` of term `epoch` on (acknowledging everything before
+    /// `from`), waiting up to `wait_ms` for one. `OPLOG_ENTRY_NOT_FOUND` when they are
+    /// not kept any more (or the term differs): install a snapshot first.
+    async fn ha_pull(
+        standby: u128,
+        address: String,
+        epoch: u64,
+        from: u64,
+        wait_ms: u32,
+    ) -> CodeResult<ChangeBatch>;
     /// High availability, a standby to its leader: part `part` of a snapshot (part 0
     /// takes a new one).
     async fn ha_snapshot(standby: u128, part: u32) -> CodeResult<SnapshotPart>;

@@ -184,8 +184,11 @@ pub struct StatusReport {
     pub dummies: Vec<DummyInfo>,
     /// Bytes of dummy shared memory mapped in total.
     pub mapped_bytes: u64,
-    /// The master's view: objects and segment usage.
+    /// The master's view: objects and segment usage (and, under high availability, the
+    /// leader and its standbys).
     pub master: MasterStats,
+    /// Where the real client's master is: `embedded`, `host:port` or `etcd://…`.
+    pub master_at: String,
     /// Reads served from another node's SSD tier since start (upstream's
     /// `get_offload_rpc_read_count`).
     pub remote_disk_reads: u64,

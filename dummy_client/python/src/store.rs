@@ -895,6 +895,7 @@ fn status_json(report: &mooncake_core::protocol::rpc::StatusReport) -> String {
         "writes_in_progress": report.master.writes_in_progress,
         "segments": segments,
         "remote_disk_reads": report.remote_disk_reads,
+        "master": report.master_at,
         "segment_bytes": report.segment_bytes,
         "segment_resident_bytes": report.segment_resident_bytes,
         "staged_bytes": report.staged_bytes,

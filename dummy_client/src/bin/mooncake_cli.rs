@@ -177,6 +177,18 @@ fn status(client: &DummyClient) -> Result<(), Failure> {
         format_size(report.segment_resident_bytes),
         format_size(report.segment_bytes)
     );
+    println!("master       {}", report.master_at);
+    if let Some(ha) = &report.master.ha {
+        println!("  leader {} (term {})", ha.leader, ha.epoch);
+        for standby in &ha.standbys {
+            let state = if standby.in_sync {
+                "in sync".to_string()
+            } else {
+                format!("catching up, {} changes behind", standby.behind)
+            };
+            println!("  standby {}: {state}", standby.address);
+        }
+    }
     for segment in &report.master.segments {
         println!(
             "  segment {} {}: {} used of {}",

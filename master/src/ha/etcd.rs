@@ -55,6 +55,11 @@ fn in_sync_key(cluster_id: &str, standby: u128) -> String {
     format!("{}{standby:032x}", in_sync_prefix(cluster_id))
 }
 
+/// The key holding the term of the latest leader (absent until a first leader).
+fn term_key(cluster_id: &str) -> String {
+    format!("mooncake-store/{cluster_id}/term")
+}
+
 fn in_sync_prefix(cluster_id: &str) -> String {
     format!("mooncake-store/{cluster_id}/in_sync/")
 }
@@ -270,6 +275,29 @@ impl Etcd {
     pub async fn resign(&self, leadership: &Leadership) {
         let mut client = self.client.clone();
         let _ = client.lease_revoke(leadership.lease).await;
+    }
+
+    /// Records `epoch` as the term of the latest leader.
+    pub async fn record_term(&self, epoch: u64) -> Result<(), EtcdError> {
+        let mut client = self.client.clone();
+        client
+            .put(term_key(&self.cluster_id), epoch.to_string(), None)
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(())
+    }
+
+    /// The term of the latest leader (`None`: the cluster never had one).
+    pub async fn last_term(&self) -> Result<Option<u64>, EtcdError> {
+        let mut client = self.client.clone();
+        let answer = client
+            .get(term_key(&self.cluster_id), None)
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(answer
+            .kvs()
+            .first()
+            .and_then(|kv| String::from_utf8_lossy(kv.value()).parse().ok()))
     }
 
     /// Lists `standby` as in sync with the leader of term `epoch`.

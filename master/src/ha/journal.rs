@@ -18,6 +18,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::master_api::StandbyStatus;
 use mooncake_core::master_api::replication::{Change, ChangeBatch};
 
 /// Changes kept for standbys that have not pulled them yet; a standby further behind
@@ -37,6 +38,7 @@ const FORGET_STANDBY_AFTER: Duration = Duration::from_secs(30);
 
 #[derive(Debug)]
 struct Standby {
+    address: String,
     acked: u64,
     seen: Instant,
     in_sync: bool,
@@ -154,14 +156,21 @@ impl Journal {
             .unwrap_or(0)
     }
 
-    /// Standbys heard from recently and whether each is in sync.
-    pub fn standbys(&self) -> Vec<(u128, bool, u64)> {
+    /// Standbys heard from recently: id, address, whether in sync, changes behind.
+    pub fn standbys(&self) -> Vec<(u128, StandbyStatus)> {
         let entries = self.entries.lock();
         let head = entries.head();
         entries
             .standbys
             .iter()
-            .map(|(id, s)| (*id, s.in_sync, head.saturating_sub(s.acked)))
+            .map(|(id, s)| {
+                let status = StandbyStatus {
+                    address: s.address.clone(),
+                    in_sync: s.in_sync,
+                    behind: head.saturating_sub(s.acked),
+                };
+                (*id, status)
+            })
             .collect()
     }
 
@@ -179,6 +188,7 @@ impl Journal {
         entries.standbys.insert(
             standby,
             Standby {
+                address: String::new(),
                 acked: from,
                 seen: now,
                 in_sync: false,
@@ -194,6 +204,7 @@ impl Journal {
     pub async fn pull(
         &self,
         standby: u128,
+        address: &str,
         epoch: u64,
         from: u64,
         wait: Duration,
@@ -219,6 +230,9 @@ impl Journal {
                 };
                 state.acked = from;
                 state.seen = Instant::now();
+                if state.address != address {
+                    state.address = address.to_string();
+                }
                 if from == head && !state.in_sync {
                     state.in_sync = true;
                     joined = true;
@@ -299,13 +313,19 @@ mod tests {
         journal.attach(1, 1).expect("attach");
         journal.record(change(1));
         journal.record(change(2));
-        let (batch, joined) = journal.pull(1, 7, 1, Duration::ZERO).await.expect("pull");
+        let (batch, joined) = journal
+            .pull(1, "s", 7, 1, Duration::ZERO)
+            .await
+            .expect("pull");
         assert_eq!(batch.changes, vec![change(1), change(2)]);
         assert!(!batch.in_sync && !joined);
-        let (batch, joined) = journal.pull(1, 7, 3, Duration::ZERO).await.expect("pull");
+        let (batch, joined) = journal
+            .pull(1, "s", 7, 3, Duration::ZERO)
+            .await
+            .expect("pull");
         assert!(batch.changes.is_empty() && batch.in_sync && joined);
         assert_eq!(
-            journal.pull(1, 8, 3, Duration::ZERO).await.err(),
+            journal.pull(1, "s", 8, 3, Duration::ZERO).await.err(),
             Some(ErrorCode::OPLOG_ENTRY_NOT_FOUND),
             "another term"
         );
@@ -316,7 +336,7 @@ mod tests {
         let journal = std::sync::Arc::new(Journal::new(1, Duration::from_millis(300)));
         journal.attach(9, 0).expect("attach");
         journal
-            .pull(9, 1, 0, Duration::ZERO)
+            .pull(9, "s", 1, 0, Duration::ZERO)
             .await
             .expect("in sync");
         journal.record(change(1));
@@ -325,7 +345,7 @@ mod tests {
             let journal = std::sync::Arc::clone(&journal);
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(20)).await;
-                journal.pull(9, 1, head, Duration::ZERO).await
+                journal.pull(9, "s", 1, head, Duration::ZERO).await
             })
         };
         let started = Instant::now();

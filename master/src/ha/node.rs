@@ -15,8 +15,8 @@ use parking_lot::Mutex;
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master_api::replication::{ChangeBatch, SnapshotPart};
 use mooncake_core::master_api::{
-    ClientStatus, LeasedReplicas, Master, MasterFuture, MasterStats, OffloadWork, PutStarted,
-    TaskInfo, TaskWork,
+    ClientStatus, HaStatus, LeasedReplicas, Master, MasterFuture, MasterStats, OffloadWork,
+    PutStarted, TaskInfo, TaskWork,
 };
 use mooncake_core::protocol::master_rpc::MasterHello;
 use mooncake_core::protocol::rpc::WriteMode;
@@ -65,6 +65,8 @@ pub struct HaCounters {
 pub struct HaNode {
     master: Arc<MasterService>,
     etcd: Etcd,
+    /// The RPC address it publishes when it leads.
+    advertised: String,
     /// Until when this master's etcd lease surely holds (`None`: it does not lead).
     lease_until: Mutex<Option<Instant>>,
     snapshots: Mutex<HashMap<u128, Arc<Captured>>>,
@@ -80,11 +82,13 @@ fn refuse_all<T>(count: usize, code: ErrorCode) -> Vec<CodeResult<T>> {
 }
 
 impl HaNode {
-    /// A standby node over `master` (which must be empty or hold a snapshot).
-    pub fn new(master: Arc<MasterService>, etcd: Etcd) -> Self {
+    /// A standby node over `master` (which must be empty or hold a snapshot), which
+    /// publishes `advertised` as its RPC address.
+    pub fn new(master: Arc<MasterService>, etcd: Etcd, advertised: String) -> Self {
         HaNode {
             master,
             etcd,
+            advertised,
             lease_until: Mutex::new(None),
             snapshots: Mutex::new(HashMap::new()),
             following: Mutex::new(None),
@@ -212,14 +216,14 @@ impl HaNode {
     /// in sync in etcd.
     pub async fn pull(
         &self,
-        standby: u128,
+        (standby, address): (u128, String),
         epoch: u64,
         from: u64,
         wait: Duration,
     ) -> CodeResult<ChangeBatch> {
         let journal = self.leading()?;
         let (batch, joined) = journal
-            .pull(standby, epoch, from, wait.min(MAX_PULL_WAIT))
+            .pull(standby, &address, epoch, from, wait.min(MAX_PULL_WAIT))
             .await?;
         if joined {
             tracing::info!(standby = %format!("{standby:032x}"), "a standby is in sync");
@@ -476,6 +480,15 @@ impl Master for HaNode {
     }
 
     fn stats(&self) -> MasterFuture<'_, CodeResult<MasterStats>> {
-        self.read(Err, move |m| Master::stats(m))
+        Box::pin(async move {
+            let journal = self.leading()?;
+            let mut stats = Master::stats(&*self.master).await?;
+            stats.ha = Some(HaStatus {
+                epoch: journal.epoch(),
+                leader: self.advertised.clone(),
+                standbys: journal.standbys().into_iter().map(|(_, s)| s).collect(),
+            });
+            Ok(stats)
+        })
     }
 }

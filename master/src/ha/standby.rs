@@ -24,8 +24,14 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// Most parts a snapshot may have (8 MiB each: 8 GiB).
 pub const MAX_SNAPSHOT_PARTS: u32 = 1024;
 
-/// Follows `leader` until the task is dropped.
-pub async fn follow(node: Arc<HaNode>, leader: LeaderView, secret: Option<Arc<ClusterSecret>>) {
+/// Follows `leader` until the task is dropped; `address` is this master's RPC address
+/// (the leader lists it).
+pub async fn follow(
+    node: Arc<HaNode>,
+    leader: LeaderView,
+    secret: Option<Arc<ClusterSecret>>,
+    address: String,
+) {
     let me = node.master().id();
     let remote = RemoteMaster::new(leader.address.clone(), secret);
     loop {
@@ -39,7 +45,10 @@ pub async fn follow(node: Arc<HaNode>, leader: LeaderView, secret: Option<Arc<Cl
         };
         tracing::info!(leader = %leader.address, epoch, sequence = next, "standby installed the leader's snapshot");
         loop {
-            match remote.ha_pull(me, epoch, next, PULL_WAIT).await {
+            match remote
+                .ha_pull((me, address.clone()), epoch, next, PULL_WAIT)
+                .await
+            {
                 Ok(batch) => {
                     let applied = batch.changes.len() as u64;
                     for change in batch.changes {

@@ -61,8 +61,6 @@ pub async fn supervise(
 async fn stand_by(node: &Arc<HaNode>, supervision: &Supervision) -> Leadership {
     let settings = &supervision.settings;
     let etcd = node.etcd().clone();
-    // The term of the last leader followed (0: none seen yet).
-    let mut followed = 0u64;
     loop {
         let (view, revision) = match etcd.leader().await {
             Ok(answer) => answer,
@@ -74,16 +72,16 @@ async fn stand_by(node: &Arc<HaNode>, supervision: &Supervision) -> Leadership {
         };
         match view {
             Some(view) => {
-                if view.address != settings.advertised {
-                    followed = view.epoch;
+                // A key with our own address is our previous instance's: wait for it to
+                // expire, following nobody.
+                let sync = (view.address != settings.advertised).then(|| {
                     node.follow(Some((view.address.clone(), view.epoch)));
                     tracing::info!(leader = %view.address, epoch = view.epoch, "standing by");
-                }
-                let sync = (view.address != settings.advertised).then(|| {
                     tokio::spawn(standby::follow(
                         Arc::clone(node),
                         view.clone(),
                         supervision.secret.clone(),
+                        settings.advertised.clone(),
                     ))
                 });
                 let changed = etcd.leader_change(revision).await;
@@ -96,7 +94,7 @@ async fn stand_by(node: &Arc<HaNode>, supervision: &Supervision) -> Leadership {
                 }
             }
             None => {
-                if let Some(leadership) = campaign(node, settings, followed).await {
+                if let Some(leadership) = campaign(node, settings).await {
                     return leadership;
                 }
             }
@@ -104,26 +102,33 @@ async fn stand_by(node: &Arc<HaNode>, supervision: &Supervision) -> Leadership {
     }
 }
 
-/// One campaign, after a pause when this standby may lack the last leader's latest
-/// changes; `None` when another master won (or etcd failed).
-async fn campaign(node: &HaNode, settings: &HaSettings, followed: u64) -> Option<Leadership> {
+/// One campaign; `None` when another master won (or etcd failed). Only a master the
+/// latest leader listed in sync (or any, in a cluster that never had a leader)
+/// campaigns at once; another one first leaves two lease TTLs to those, then takes
+/// over with what it has.
+async fn campaign(node: &HaNode, settings: &HaSettings) -> Option<Leadership> {
     let etcd = node.etcd();
-    if followed != 0 {
-        let me = node.master().id();
-        let in_sync = etcd.is_in_sync(me, followed).await.unwrap_or(false);
-        if !in_sync {
-            let pause = settings.lease_ttl * 2;
-            tracing::warn!(
-                epoch = followed,
-                pause_ms = pause.as_millis(),
-                "the leader is gone and this standby was not in sync with it: leaving the election to an in-sync standby first"
-            );
-            tokio::time::sleep(pause).await;
-            if !matches!(etcd.leader().await, Ok((None, _))) {
-                return None;
-            }
-            tracing::warn!("no in-sync standby took over: taking over with what this standby has");
+    let me = node.master().id();
+    let eligible = match etcd.last_term().await {
+        Ok(None) => true,
+        Ok(Some(term)) => etcd.is_in_sync(me, term).await.unwrap_or(false),
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the last term from etcd");
+            tokio::time::sleep(ETCD_RETRY).await;
+            return None;
         }
+    };
+    if !eligible {
+        let pause = settings.lease_ttl * 2;
+        tracing::warn!(
+            pause_ms = pause.as_millis(),
+            "no leader, and this master was not in sync with the last one: leaving the election to an in-sync standby first"
+        );
+        tokio::time::sleep(pause).await;
+        if !matches!(etcd.leader().await, Ok((None, _))) {
+            return None;
+        }
+        tracing::warn!("no in-sync standby took over: taking over with what this master has");
     }
     match etcd
         .campaign(&settings.advertised, settings.lease_ttl)
@@ -148,6 +153,9 @@ async fn lead(
     let etcd = node.etcd().clone();
     if let Err(error) = etcd.clear_in_sync().await {
         tracing::warn!(%error, "cannot clear the previous term's in-sync list");
+    }
+    if let Err(error) = etcd.record_term(leadership.epoch).await {
+        tracing::warn!(%error, "cannot record the new term in etcd");
     }
     let journal = Arc::new(Journal::new(leadership.epoch, settings.sync_timeout));
     node.lead(journal, leadership.valid_until);

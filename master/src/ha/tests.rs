@@ -41,7 +41,7 @@ fn normalized(mut state: SnapshotState) -> SnapshotState {
 async fn catch_up(journal: &Journal, standby: &MasterService, next: &mut u64) {
     loop {
         let (batch, _) = journal
-            .pull(STANDBY, journal.epoch(), *next, Duration::ZERO)
+            .pull(STANDBY, "standby", journal.epoch(), *next, Duration::ZERO)
             .await
             .expect("pull");
         if batch.changes.is_empty() {
