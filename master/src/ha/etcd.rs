@@ -14,6 +14,9 @@ use etcd_client::{
 /// Deadline of one etcd request.
 pub const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Interval of HTTP/2 keep-alive pings on the etcd connection.
+const ETCD_KEEP_ALIVE: Duration = Duration::from_secs(10);
+
 /// Why an etcd operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EtcdError {
@@ -100,10 +103,12 @@ impl Etcd {
             })
             .collect();
         let joined = endpoints.join(",");
+        // HTTP/2 pings no more often than etcd accepts (`--grpc-keepalive-min-time`,
+        // 5 s by default): more frequent ones make it close the connection.
         let options = ConnectOptions::new()
             .with_timeout(ETCD_REQUEST_TIMEOUT)
             .with_connect_timeout(ETCD_REQUEST_TIMEOUT)
-            .with_keep_alive(Duration::from_secs(1), ETCD_REQUEST_TIMEOUT);
+            .with_keep_alive(ETCD_KEEP_ALIVE, ETCD_REQUEST_TIMEOUT);
         let client = Client::connect(urls, Some(options))
             .await
             .map_err(|source| EtcdError::Request {
