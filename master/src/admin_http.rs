@@ -85,7 +85,9 @@ fn ha_health(node: &HaNode) -> String {
                 .map(|(id, s)| {
                     format!(
                         r#"{{"id":"{id:032x}","address":{:?},"in_sync":{},"behind":{}}}"#,
-                        s.address, s.in_sync, s.behind
+                        s.address,
+                        node.listed_in_sync(&journal, *id),
+                        s.behind
                     )
                 })
                 .collect::<Vec<_>>()
@@ -113,7 +115,11 @@ fn ha_metrics(node: &HaNode) -> String {
     let (lag, in_sync) = match node.leading() {
         Ok(journal) => (
             journal.lag(),
-            journal.standbys().iter().filter(|(_, s)| s.in_sync).count() as u64,
+            journal
+                .standbys()
+                .iter()
+                .filter(|(id, _)| node.listed_in_sync(&journal, *id))
+                .count() as u64,
         ),
         Err(_) => (counters.standby_lag.load(Relaxed), 0),
     };

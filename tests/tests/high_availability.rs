@@ -195,6 +195,42 @@ fn a_restarted_standby_catches_up_and_can_take_over_alone() {
     check_all(&cluster, &acked);
 }
 
+/// With no standby listed in sync when the leader dies, the best informed master takes
+/// over: one that was in sync with that leader a moment ago, never a restarted empty
+/// one (which would forget every object).
+#[test]
+fn without_an_in_sync_standby_the_best_informed_master_takes_over() {
+    use nix::sys::signal::Signal;
+    let mut cluster = Cluster::start(3, 2);
+    let writer = cluster.dummy(0);
+    cluster.wait_for_standbys(2);
+    let acked = write(&cluster, &writer, "in-sync", 20);
+    let leader = cluster.wait_for_leader();
+    let informed = (leader + 1) % 3;
+    let empty = (leader + 2) % 3;
+    // One standby pauses and the other dies: the next writes drop both from the
+    // in-sync list, and the leader acknowledges them alone.
+    cluster.masters[informed].signal(Signal::SIGSTOP);
+    cluster.masters[empty].kill9();
+    write(&cluster, &writer, "alone", 2);
+    assert!(
+        eventually(Duration::from_secs(10), || cluster.masters[leader]
+            .health()
+            .is_some_and(|h| !h.contains(r#""in_sync":true"#))),
+        "the leader still lists a standby in sync"
+    );
+    cluster.masters[leader].kill9();
+    cluster.masters[empty].restart();
+    cluster.masters[informed].signal(Signal::SIGCONT);
+    assert_eq!(
+        cluster.wait_for_leader(),
+        informed,
+        "the master holding the index must win"
+    );
+    time_to_first_put(&writer, "resumed", Instant::now());
+    check_all(&cluster, &acked);
+}
+
 #[test]
 fn a_restarted_etcd_keeps_the_cluster_and_its_objects() {
     let mut cluster = Cluster::start(3, 2);

@@ -87,6 +87,18 @@ pub struct Journal {
     acknowledged: Notify,
 }
 
+/// What a standby's pull answers, and what it changed in the standby set.
+#[derive(Debug)]
+pub struct Pulled {
+    /// The changes for the standby.
+    pub batch: ChangeBatch,
+    /// True when this pull made the standby in sync.
+    pub joined: bool,
+    /// Earlier instances at the same address, forgotten now (their process is gone:
+    /// one address serves one master).
+    pub replaced: Vec<u128>,
+}
+
 /// What a write's wait for replication found.
 #[derive(Debug, Default)]
 pub struct Replicated {
@@ -197,10 +209,18 @@ impl Journal {
         Ok(())
     }
 
+    /// True when `standby` is in the in-sync set.
+    pub fn is_in_sync(&self, standby: u128) -> bool {
+        self.entries
+            .lock()
+            .standbys
+            .get(&standby)
+            .is_some_and(|s| s.in_sync)
+    }
+
     /// A standby's pull: acknowledges everything before `from`, and answers the changes
     /// from `from` on, waiting up to `wait` for one. `OPLOG_ENTRY_NOT_FOUND` when they
-    /// are not kept (another term, or too far behind): take a snapshot. The second
-    /// value is true when this pull made the standby in sync.
+    /// are not kept (another term, or too far behind): take a snapshot.
     pub async fn pull(
         &self,
         standby: u128,
@@ -208,12 +228,13 @@ impl Journal {
         epoch: u64,
         from: u64,
         wait: Duration,
-    ) -> CodeResult<(ChangeBatch, bool)> {
+    ) -> CodeResult<Pulled> {
         if epoch != self.epoch {
             return Err(ErrorCode::OPLOG_ENTRY_NOT_FOUND);
         }
         let deadline = Instant::now() + wait;
         let mut joined = false;
+        let mut replaced = Vec::new();
         loop {
             let appended = self.appended.notified();
             tokio::pin!(appended);
@@ -232,7 +253,20 @@ impl Journal {
                 state.seen = Instant::now();
                 if state.address != address {
                     state.address = address.to_string();
+                    replaced.extend(
+                        entries
+                            .standbys
+                            .iter()
+                            .filter(|(id, s)| **id != standby && s.address == address)
+                            .map(|(id, _)| *id),
+                    );
+                    for id in &replaced {
+                        entries.standbys.remove(id);
+                    }
                 }
+                let Some(state) = entries.standbys.get_mut(&standby) else {
+                    return Err(ErrorCode::OPLOG_ENTRY_NOT_FOUND);
+                };
                 if from == head && !state.in_sync {
                     state.in_sync = true;
                     joined = true;
@@ -256,7 +290,11 @@ impl Journal {
                         in_sync,
                         epoch: self.epoch,
                     };
-                    return Ok((batch, joined));
+                    return Ok(Pulled {
+                        batch,
+                        joined,
+                        replaced,
+                    });
                 }
             }
             self.acknowledged.notify_waiters();
@@ -313,17 +351,18 @@ mod tests {
         journal.attach(1, 1).expect("attach");
         journal.record(change(1));
         journal.record(change(2));
-        let (batch, joined) = journal
+        let pulled = journal
             .pull(1, "s", 7, 1, Duration::ZERO)
             .await
             .expect("pull");
-        assert_eq!(batch.changes, vec![change(1), change(2)]);
-        assert!(!batch.in_sync && !joined);
-        let (batch, joined) = journal
+        assert_eq!(pulled.batch.changes, vec![change(1), change(2)]);
+        assert!(!pulled.batch.in_sync && !pulled.joined);
+        let pulled = journal
             .pull(1, "s", 7, 3, Duration::ZERO)
             .await
             .expect("pull");
-        assert!(batch.changes.is_empty() && batch.in_sync && joined);
+        assert!(pulled.batch.changes.is_empty() && pulled.batch.in_sync && pulled.joined);
+        assert!(journal.is_in_sync(1));
         assert_eq!(
             journal.pull(1, "s", 8, 3, Duration::ZERO).await.err(),
             Some(ErrorCode::OPLOG_ENTRY_NOT_FOUND),
@@ -359,5 +398,29 @@ mod tests {
             journal.replicated(journal.head()).await.dropped.is_empty(),
             "and is not waited for again"
         );
+    }
+
+    #[tokio::test]
+    async fn a_restarted_standby_at_the_same_address_replaces_its_old_instance() {
+        let journal = Journal::new(3, Duration::from_millis(100));
+        journal.attach(1, 0).expect("attach");
+        let first = journal.pull(1, "m:1", 3, 0, Duration::ZERO).await;
+        assert!(first.expect("pull").joined);
+        journal.record(change(1));
+        journal
+            .attach(2, journal.head())
+            .expect("attach the new instance");
+        let pulled = journal
+            .pull(2, "m:1", 3, journal.head(), Duration::ZERO)
+            .await
+            .expect("pull");
+        assert_eq!(pulled.replaced, vec![1], "the old instance is forgotten");
+        assert!(!journal.is_in_sync(1));
+        let listed: Vec<String> = journal
+            .standbys()
+            .into_iter()
+            .map(|(_, s)| s.address)
+            .collect();
+        assert_eq!(listed, vec!["m:1".to_string()], "one entry per address");
     }
 }

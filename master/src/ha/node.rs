@@ -5,9 +5,9 @@
 //! refused with `UNAVAILABLE_IN_CURRENT_STATUS` (real clients then look the leader up
 //! again). It also serves its standbys: snapshots and the change stream.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -23,7 +23,7 @@ use mooncake_core::protocol::rpc::WriteMode;
 use mooncake_core::tenant::Tenant;
 use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
-use super::etcd::Etcd;
+use super::etcd::{Etcd, EtcdError};
 use super::journal::Journal;
 use crate::MasterService;
 
@@ -72,6 +72,15 @@ pub struct HaNode {
     snapshots: Mutex<HashMap<u128, Arc<Captured>>>,
     /// Who this master follows while it stands by: address and term.
     following: Mutex<Option<(String, u64)>>,
+    /// Standbys etcd lists in sync for this master's term (while it leads).
+    listed: Mutex<HashSet<u128>>,
+    /// Held while etcd's in-sync list is updated, so that updates racing each other
+    /// (a write dropping a standby, a pull listing it again) end as the journal ends.
+    publishing: tokio::sync::Mutex<()>,
+    /// The latest term whose leader this master was in sync with (0: none yet).
+    synced_term: AtomicU64,
+    /// True once this master installed a leader's snapshot (it holds an index).
+    holds_index: AtomicBool,
     /// Counters.
     pub counters: HaCounters,
 }
@@ -92,6 +101,10 @@ impl HaNode {
             lease_until: Mutex::new(None),
             snapshots: Mutex::new(HashMap::new()),
             following: Mutex::new(None),
+            listed: Mutex::new(HashSet::new()),
+            publishing: tokio::sync::Mutex::new(()),
+            synced_term: AtomicU64::new(0),
+            holds_index: AtomicBool::new(false),
             counters: HaCounters::default(),
         }
     }
@@ -110,6 +123,7 @@ impl HaNode {
     pub fn lead(&self, journal: Arc<Journal>, until: Instant) {
         *self.lease_until.lock() = Some(until);
         *self.following.lock() = None;
+        self.listed.lock().clear();
         self.master.take_over(journal);
         self.counters.terms_led.fetch_add(1, Ordering::Relaxed);
     }
@@ -120,6 +134,55 @@ impl HaNode {
         if let Some(current) = lease.as_mut() {
             *current = (*current).max(until);
         }
+    }
+
+    /// Records that this standby installed a leader's snapshot.
+    pub fn installed_snapshot(&self) {
+        self.holds_index.store(true, Ordering::Relaxed);
+    }
+
+    /// Records that this standby is in sync with the leader of term `epoch`.
+    pub fn in_sync_with(&self, epoch: u64) {
+        self.synced_term.fetch_max(epoch, Ordering::Relaxed);
+    }
+
+    /// How many lease TTLs this master leaves to better informed ones before it
+    /// campaigns, when the leader of `last_term` is gone and did not list it in sync:
+    /// 2 when it was in sync with that leader once (it was dropped for lagging, or
+    /// the leader died before listing it), 3 when it holds an older index, 4 when
+    /// it holds nothing. The best informed survivor takes over first.
+    pub fn takeover_delay_ttls(&self, last_term: u64) -> u32 {
+        if self.synced_term.load(Ordering::Relaxed) >= last_term {
+            2
+        } else if self.holds_index.load(Ordering::Relaxed) {
+            3
+        } else {
+            4
+        }
+    }
+
+    /// True when `standby` is in sync and etcd lists it so (what `/health` reports).
+    pub fn listed_in_sync(&self, journal: &Journal, standby: u128) -> bool {
+        journal.is_in_sync(standby) && self.listed.lock().contains(&standby)
+    }
+
+    /// Makes etcd's in-sync list say what the journal says about `standbys`: listed
+    /// when in sync, deleted otherwise (a delete is sent even when this master does
+    /// not remember listing it: an earlier answer may have been lost).
+    async fn publish_in_sync(&self, journal: &Journal, standbys: &[u128]) -> Result<(), EtcdError> {
+        let _one_at_a_time = self.publishing.lock().await;
+        for &standby in standbys {
+            if journal.is_in_sync(standby) {
+                if !self.listed.lock().contains(&standby) {
+                    self.etcd.mark_in_sync(standby, journal.epoch()).await?;
+                    self.listed.lock().insert(standby);
+                }
+            } else {
+                self.etcd.mark_out_of_sync(standby).await?;
+                self.listed.lock().remove(&standby);
+            }
+        }
+        Ok(())
     }
 
     /// Records whom this standby follows.
@@ -155,8 +218,8 @@ impl HaNode {
     /// that did not answer in time are taken off etcd's in-sync list first (a write is
     /// acknowledged only when no standby that could take over lacks it).
     async fn replicated(&self, journal: &Journal) -> CodeResult<()> {
-        let dropped = journal.replicated(journal.head()).await.dropped;
-        for standby in dropped {
+        let mut unlist = journal.replicated(journal.head()).await.dropped;
+        for standby in &unlist {
             self.counters
                 .standbys_dropped
                 .fetch_add(1, Ordering::Relaxed);
@@ -164,12 +227,24 @@ impl HaNode {
                 standby = %format!("{standby:032x}"),
                 "a standby did not acknowledge within the sync timeout; it leaves the in-sync set"
             );
-            if let Err(error) = self.etcd.mark_out_of_sync(standby).await {
-                tracing::error!(%error, "cannot record a lagging standby in etcd; the write is not acknowledged");
-                return Err(ErrorCode::ETCD_OPERATION_ERROR);
-            }
         }
-        Ok(())
+        // Also any standby still listed that the journal no longer counts (an earlier
+        // delete failed, or it was dropped while being listed).
+        let stale: Vec<u128> = self
+            .listed
+            .lock()
+            .iter()
+            .filter(|id| !journal.is_in_sync(**id) && !unlist.contains(id))
+            .copied()
+            .collect();
+        unlist.extend(stale);
+        if unlist.is_empty() {
+            return Ok(());
+        }
+        self.publish_in_sync(journal, &unlist).await.map_err(|error| {
+            tracing::error!(%error, "cannot record a lagging standby in etcd; the write is not acknowledged");
+            ErrorCode::ETCD_OPERATION_ERROR
+        })
     }
 
     /// Runs a mutating call on the master while leading, and answers once it is
@@ -222,16 +297,21 @@ impl HaNode {
         wait: Duration,
     ) -> CodeResult<ChangeBatch> {
         let journal = self.leading()?;
-        let (batch, joined) = journal
+        let pulled = journal
             .pull(standby, &address, epoch, from, wait.min(MAX_PULL_WAIT))
             .await?;
-        if joined {
-            tracing::info!(standby = %format!("{standby:032x}"), "a standby is in sync");
-            if let Err(error) = self.etcd.mark_in_sync(standby, journal.epoch()).await {
-                tracing::warn!(%error, "cannot list the standby as in sync in etcd");
+        if pulled.joined {
+            tracing::info!(standby = %format!("{standby:032x}"), %address, "a standby is in sync");
+        }
+        let unlisted = pulled.batch.in_sync && !self.listed.lock().contains(&standby);
+        if unlisted || !pulled.replaced.is_empty() {
+            let mut changed = pulled.replaced;
+            changed.push(standby);
+            if let Err(error) = self.publish_in_sync(&journal, &changed).await {
+                tracing::warn!(%error, "cannot update etcd's in-sync list; retried at the next pull");
             }
         }
-        Ok(batch)
+        Ok(pulled.batch)
     }
 
     /// Part `part` of a snapshot for `standby`; part 0 takes a new one (the standby

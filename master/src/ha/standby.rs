@@ -44,6 +44,7 @@ pub async fn follow(
             }
         };
         tracing::info!(leader = %leader.address, epoch, sequence = next, "standby installed the leader's snapshot");
+        node.installed_snapshot();
         loop {
             match remote
                 .ha_pull((me, address.clone()), epoch, next, PULL_WAIT)
@@ -55,6 +56,9 @@ pub async fn follow(
                         node.master().apply_change(change);
                     }
                     next += applied;
+                    if batch.in_sync {
+                        node.in_sync_with(epoch);
+                    }
                     let counters = &node.counters;
                     counters
                         .changes_applied

@@ -104,31 +104,36 @@ async fn stand_by(node: &Arc<HaNode>, supervision: &Supervision) -> Leadership {
 
 /// One campaign; `None` when another master won (or etcd failed). Only a master the
 /// latest leader listed in sync (or any, in a cluster that never had a leader)
-/// campaigns at once; another one first leaves two lease TTLs to those, then takes
-/// over with what it has.
+/// campaigns at once; another one first leaves some lease TTLs to better informed
+/// masters ([`HaNode::takeover_delay_ttls`]), then takes over with what it has.
 async fn campaign(node: &HaNode, settings: &HaSettings) -> Option<Leadership> {
     let etcd = node.etcd();
     let me = node.master().id();
-    let eligible = match etcd.last_term().await {
-        Ok(None) => true,
-        Ok(Some(term)) => etcd.is_in_sync(me, term).await.unwrap_or(false),
+    let delay_ttls = match etcd.last_term().await {
+        Ok(None) => 0,
+        Ok(Some(term)) => match etcd.is_in_sync(me, term).await {
+            Ok(true) => 0,
+            _ => node.takeover_delay_ttls(term),
+        },
         Err(error) => {
             tracing::warn!(%error, "cannot read the last term from etcd");
             tokio::time::sleep(ETCD_RETRY).await;
             return None;
         }
     };
-    if !eligible {
-        let pause = settings.lease_ttl * 2;
+    if delay_ttls > 0 {
+        let pause = settings.lease_ttl * delay_ttls;
         tracing::warn!(
             pause_ms = pause.as_millis(),
-            "no leader, and this master was not in sync with the last one: leaving the election to an in-sync standby first"
+            "no leader, and this master was not in sync with the last one: leaving the election to better informed masters first"
         );
         tokio::time::sleep(pause).await;
         if !matches!(etcd.leader().await, Ok((None, _))) {
             return None;
         }
-        tracing::warn!("no in-sync standby took over: taking over with what this master has");
+        tracing::warn!(
+            "no better informed master took over: taking over with what this master has"
+        );
     }
     match etcd
         .campaign(&settings.advertised, settings.lease_ttl)

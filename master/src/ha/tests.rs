@@ -40,10 +40,11 @@ fn normalized(mut state: SnapshotState) -> SnapshotState {
 /// Pulls everything the journal has for the standby and applies it.
 async fn catch_up(journal: &Journal, standby: &MasterService, next: &mut u64) {
     loop {
-        let (batch, _) = journal
+        let batch = journal
             .pull(STANDBY, "standby", journal.epoch(), *next, Duration::ZERO)
             .await
-            .expect("pull");
+            .expect("pull")
+            .batch;
         if batch.changes.is_empty() {
             return;
         }
