@@ -167,3 +167,22 @@ mod tests {
         );
     }
 }
+
+/// The GPU programming interface a device buffer belongs to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DeviceApi {
+    /// NVIDIA CUDA (the driver library `libcuda.so`).
+    #[default]
+    Cuda,
+    /// AMD HIP (the runtime library `libamdhip64.so`, ROCm 6 or later).
+    Hip,
+}
+
+impl std::fmt::Display for DeviceApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DeviceApi::Cuda => "CUDA",
+            DeviceApi::Hip => "HIP",
+        })
+    }
+}

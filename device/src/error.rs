@@ -4,14 +4,14 @@
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceError {
     /// No driver is loaded; the text says why.
-    #[error("no CUDA driver: {0}")]
+    #[error("no GPU driver: {0}")]
     NoDriver(String),
     /// A driver call returned an error.
     #[error("{call} failed: {name} ({code})")]
     Call {
         /// The driver function.
         call: &'static str,
-        /// The driver's error name (`CUDA_ERROR_…`).
+        /// The driver's error name (`CUDA_ERROR_…`, `hipError…`).
         name: String,
         /// The driver's error number.
         code: u32,

@@ -4,25 +4,31 @@
 //! them and the store. This crate is the one place that knows about device memory:
 //!
 //! * [`classify`] tells what an address range of this process is: host memory the CPU
-//!   can read, a CUDA device allocation, or neither (never dereferenced);
-//! * [`cuda`] is the CUDA driver, loaded at run time (no toolkit at build time, and a
+//!   can read, a device allocation (CUDA or HIP), or neither (never dereferenced);
+//! * [`driver`] is a GPU driver loaded at run time (no toolkit at build time, and a
 //!   machine without a GPU runs without it): copies between device and host memory on
 //!   a stream, IPC handles that let another process (the real client) open a dummy's
-//!   allocation, and pinning host memory so copies run at bus speed;
-//! * [`fake`] builds a stand-in driver library for tests on machines without a GPU.
+//!   allocation, and pinning host memory so copies run at bus speed. [`cuda`] and
+//!   [`hip`] are its two interfaces;
+//! * [`fake`] builds stand-in driver libraries for tests on machines without a GPU.
 //!
-//! The rest of the code sees [`MemoryKind`] and the copy calls of [`cuda::Cuda`].
+//! The rest of the code sees [`MemoryKind`] and the calls of [`driver::Driver`].
 
 pub mod cuda;
+pub mod driver;
 mod error;
 pub mod fake;
+pub mod hip;
 pub mod host;
 
 pub use error::DeviceError;
+pub use mooncake_core::types::DeviceApi;
 
 /// A device allocation: where a device pointer belongs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceAllocation {
+    /// The GPU interface that knows it.
+    pub api: DeviceApi,
     /// Device ordinal.
     pub device: i32,
     /// Start of the allocation (a device address of this process).
@@ -36,15 +42,18 @@ pub struct DeviceAllocation {
 pub enum MemoryKind {
     /// Host memory the CPU can read.
     Host,
-    /// Memory of a CUDA device allocation (wholly inside it).
-    Cuda(DeviceAllocation),
+    /// Memory of a device allocation (wholly inside it).
+    Device(DeviceAllocation),
     /// Neither: the text says why, and what to do.
     Unreachable(String),
 }
 
+/// The interfaces asked, in order, about an address that is not host memory.
+const INTERFACES: [DeviceApi; 2] = [DeviceApi::Cuda, DeviceApi::Hip];
+
 /// Classifies `addr..addr+len` of this process. Host memory is recognized without
-/// loading any driver; anything else is asked of the CUDA driver (loaded on first
-/// need). Never dereferences the range.
+/// loading any driver; anything else is asked of the CUDA driver, then of the HIP
+/// runtime (each loaded on first need). Never dereferences the range.
 pub fn classify(addr: u64, len: u64) -> MemoryKind {
     let Some(last) = len.checked_sub(1).and_then(|l| addr.checked_add(l)) else {
         return MemoryKind::Unreachable(format!(
@@ -55,36 +64,37 @@ pub fn classify(addr: u64, len: u64) -> MemoryKind {
     if readable == Some(true) {
         return MemoryKind::Host;
     }
-    let driver = match cuda::driver() {
-        Ok(driver) => driver,
-        // The probe could not tell (seccomp): treat the range as host memory, as
-        // before device memory was known.
-        Err(_) if readable.is_none() => return MemoryKind::Host,
-        Err(why) => {
-            return MemoryKind::Unreachable(format!(
-                "{addr:#x} + {len} bytes is not host memory this process can read, and no CUDA driver is loaded ({why}); for a GPU buffer make libcuda.so loadable (the library path, or {})",
-                cuda::LIBRARY_ENV
-            ));
+    let mut answers = Vec::new();
+    for api in INTERFACES {
+        let known = driver::driver(api).and_then(|driver| driver.allocation_of(addr));
+        match known {
+            Ok(Some(allocation)) => return within(allocation, addr, len, last),
+            Ok(None) => answers.push(format!("the {api} driver does not know it")),
+            Err(why) => answers.push(why.to_string()),
         }
-    };
-    match driver.allocation_of(addr) {
-        Ok(Some(allocation)) => {
-            let end = allocation.base.saturating_add(allocation.len);
-            if last < end {
-                MemoryKind::Cuda(allocation)
-            } else {
-                MemoryKind::Unreachable(format!(
-                    "{addr:#x} + {len} bytes runs past the end of its device allocation ({:#x} + {} bytes)",
-                    allocation.base, allocation.len
-                ))
-            }
-        }
-        Ok(None) if readable.is_none() => MemoryKind::Host,
-        Ok(None) => MemoryKind::Unreachable(format!(
-            "{addr:#x} + {len} bytes is neither host memory this process can read nor device memory the CUDA driver knows"
-        )),
-        Err(error) => MemoryKind::Unreachable(format!(
-            "{addr:#x} + {len} bytes is not readable host memory and the CUDA driver could not classify it: {error}"
-        )),
+    }
+    if readable.is_none() {
+        // The probe could not tell (seccomp) and no driver knows the range: host
+        // memory, as before device memory was known.
+        return MemoryKind::Host;
+    }
+    MemoryKind::Unreachable(format!(
+        "{addr:#x} + {len} bytes is neither host memory this process can read nor device memory ({}); for a GPU buffer make the driver loadable (libcuda.so or libamdhip64.so on the library path, or {} / {})",
+        answers.join("; "),
+        cuda::LIBRARY_ENV,
+        hip::LIBRARY_ENV
+    ))
+}
+
+/// `addr..=last` inside `allocation`, or why not.
+fn within(allocation: DeviceAllocation, addr: u64, len: u64, last: u64) -> MemoryKind {
+    let end = allocation.base.saturating_add(allocation.len);
+    if last < end {
+        MemoryKind::Device(allocation)
+    } else {
+        MemoryKind::Unreachable(format!(
+            "{addr:#x} + {len} bytes runs past the end of its {} device allocation ({:#x} + {} bytes)",
+            allocation.api, allocation.base, allocation.len
+        ))
     }
 }

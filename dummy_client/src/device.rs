@@ -4,7 +4,7 @@
 //! which copies requests' ranges straight between the device and its segment:
 //! * embedded, the in-process real client uses the device pointers as they are;
 //! * with a separate `mooncake_client`, the buffer's allocation is exported once as a
-//!   CUDA IPC handle, which the real client opens (and closes when the buffer is
+//!   CUDA (or HIP) IPC handle, which the real client opens (and closes when the buffer is
 //!   unregistered or this process leaves). A reconnect declares every GPU buffer again.
 //!
 //! When the real client cannot reach the buffer (no driver there, a refused handle),
@@ -14,7 +14,7 @@ use serde_bytes::ByteBuf;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::protocol::rpc::DeviceBufferDecl;
-use mooncake_device::{DeviceAllocation, cuda};
+use mooncake_device::{DeviceAllocation, driver};
 
 use crate::client::DummyClient;
 use crate::connection::{Connected, Link};
@@ -74,7 +74,7 @@ impl DummyClient {
         size: u64,
         allocation: DeviceAllocation,
     ) -> Result<(), String> {
-        let driver = cuda::driver().map_err(|e| e.to_string())?;
+        let driver = driver::driver(allocation.api).map_err(|e| e.to_string())?;
         let handle = driver
             .export(allocation.device, allocation.base)
             .map_err(|e| format!("exporting the GPU allocation failed: {e}"))?;
@@ -85,6 +85,7 @@ impl DummyClient {
             alloc_base: allocation.base,
             alloc_len: allocation.len,
             handle: ByteBuf::from(handle.to_vec()),
+            api: allocation.api,
         };
         let rpc = connected.rpc.clone();
         let call = async move { rpc.declare_device(deadline(), decl).await };

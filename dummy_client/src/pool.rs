@@ -85,7 +85,7 @@ impl DummyClient {
         }
         match mooncake_device::classify(ptr, size) {
             MemoryKind::Host => {}
-            MemoryKind::Cuda(allocation) => return self.register_device(ptr, size, allocation),
+            MemoryKind::Device(allocation) => return self.register_device(ptr, size, allocation),
             MemoryKind::Unreachable(why) => {
                 tracing::error!(ptr, size, %why, "register_buffer refused the range");
                 return Err(ErrorCode::INVALID_PARAMS);

@@ -19,7 +19,8 @@ use parking_lot::RwLock;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::protocol::rpc::DeviceBufferDecl;
-use mooncake_device::cuda::{self, IPC_HANDLE_LEN, OpenedAllocation};
+use mooncake_device::DeviceApi;
+use mooncake_device::driver::{self, IPC_HANDLE_LEN, OpenedAllocation};
 use mooncake_shm::SharedMemory;
 
 use crate::region::{DeviceRange, Region};
@@ -30,6 +31,8 @@ pub const MAX_DEVICE_BUFFERS: usize = 4096;
 /// A device allocation reachable from this process.
 #[derive(Debug)]
 pub struct DeviceTarget {
+    /// The GPU interface of the allocation.
+    pub api: DeviceApi,
     /// The device.
     pub device: i32,
     /// The allocation's start, as a device address of this process.
@@ -129,8 +132,11 @@ impl DeviceBuffers {
         segment: &Arc<SharedMemory>,
     ) -> Result<(), String> {
         let handle = validate(decl)?;
-        let driver = cuda::driver().map_err(|e| {
-            format!("mooncake_client cannot reach GPU memory: {e}; run it on the GPU node with the CUDA driver")
+        let driver = driver::driver(decl.api).map_err(|e| {
+            format!(
+                "mooncake_client cannot reach {} GPU memory: {e}; run it on the GPU node with the driver",
+                decl.api
+            )
         })?;
         let mut registered = self.registered.write();
         // The same base with another handle is a new allocation at a reused address
@@ -146,6 +152,7 @@ impl DeviceBuffers {
                     .open(decl.device, &handle)
                     .map_err(|e| format!("opening the GPU allocation of the dummy failed: {e}"))?;
                 let target = Arc::new(DeviceTarget {
+                    api: decl.api,
                     device: decl.device,
                     base: opened.ptr(),
                     handle: Some(handle),
@@ -170,7 +177,7 @@ impl DeviceBuffers {
             ));
         }
         drop(registered);
-        pin_segment(segment);
+        pin_segment(segment, decl.api);
         Ok(())
     }
 
@@ -192,6 +199,7 @@ impl DeviceBuffers {
                 .entry(allocation.base)
                 .or_insert_with(|| {
                     Arc::new(DeviceTarget {
+                        api: allocation.api,
                         device: allocation.device,
                         base: allocation.base,
                         handle: None,
@@ -210,7 +218,7 @@ impl DeviceBuffers {
         }
         drop(registered);
         if inserted.is_ok() {
-            pin_segment(segment);
+            pin_segment(segment, allocation.api);
         }
         inserted
     }
@@ -252,14 +260,14 @@ impl DeviceBuffers {
 /// Pins this node's segment once, on a background thread, so that copies between
 /// devices and the segment run at bus speed; a failure is logged (copies then run
 /// from pageable memory, slower but correct).
-fn pin_segment(segment: &Arc<SharedMemory>) {
+fn pin_segment(segment: &Arc<SharedMemory>, api: DeviceApi) {
     static PINNED: OnceLock<()> = OnceLock::new();
     let segment = Arc::clone(segment);
     PINNED.get_or_init(move || {
         let spawned = std::thread::Builder::new()
             .name("mooncake-pin".into())
             .spawn(move || {
-                let Ok(driver) = cuda::driver() else {
+                let Ok(driver) = driver::driver(api) else {
                     return;
                 };
                 // SAFETY: the segment lives as long as the process serves; the guard is
@@ -297,6 +305,7 @@ mod tests {
             alloc_base,
             alloc_len,
             handle: serde_bytes::ByteBuf::from(vec![0u8; handle]),
+            api: DeviceApi::Cuda,
         }
     }
 

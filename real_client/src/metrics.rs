@@ -77,7 +77,7 @@ impl Metrics {
             "# HELP mooncake_client_device_handles GPU allocations of dummies held open (CUDA IPC handles).\n\
              # TYPE mooncake_client_device_handles gauge\n\
              mooncake_client_device_handles {}\n",
-            mooncake_device::cuda::open_handles()
+            mooncake_device::driver::open_handles()
         );
         text
     }

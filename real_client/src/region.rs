@@ -82,14 +82,14 @@ fn device_failed(error: &mooncake_device::DeviceError) -> ErrorCode {
 }
 
 impl DeviceRange {
-    fn driver() -> CodeResult<&'static mooncake_device::cuda::Cuda> {
-        mooncake_device::cuda::driver().map_err(|e| device_failed(&e))
+    fn driver(&self) -> CodeResult<&'static mooncake_device::driver::Driver> {
+        mooncake_device::driver::driver(self.target.api).map_err(|e| device_failed(&e))
     }
 
     /// Copies the first `dest.len` bytes of this range (at most its length) to `dest`.
     fn copy_into(&self, dest: &MemSlice) -> CodeResult<()> {
         let dest = shorter(dest, self.len)?;
-        let driver = Self::driver()?;
+        let driver = self.driver()?;
         dest.fill_with(|bytes| {
             // SAFETY: `bytes` is a bounds-checked mapping kept alive by `dest`; the
             // device range lies in an allocation `target` keeps open.
@@ -110,7 +110,7 @@ impl DeviceRange {
         let len = usize::try_from(self.len)
             .unwrap_or(usize::MAX)
             .min(bytes.len());
-        let driver = Self::driver()?;
+        let driver = self.driver()?;
         // SAFETY: `bytes` is readable; the device range lies in an allocation `target`
         // keeps open.
         unsafe { driver.copy_from_host(self.target.device, bytes.as_ptr(), self.ptr, len as u64) }

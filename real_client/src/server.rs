@@ -117,7 +117,7 @@ impl ServerState {
             segment_bytes: self.store.segment().memory.len() as u64,
             segment_resident_bytes: self.store.segment().memory.resident_bytes(),
             staged_bytes: self.metrics.staged_bytes(),
-            device_handles: mooncake_device::cuda::open_handles(),
+            device_handles: mooncake_device::driver::open_handles(),
         }
     }
 

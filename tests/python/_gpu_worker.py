@@ -1,8 +1,10 @@
-"""Child processes of the GPU tests, run against the stand-in CUDA driver.
+"""Child processes of the GPU tests, run against a stand-in GPU driver: the CUDA one,
+or the HIP runtime built over it (``FAKE_GPU_API`` = ``cuda`` or ``hip``).
 
-The stand-in driver is loaded by path (``MOONCAKE_CUDA_LIBRARY``, set by the test) both by
-this script, which allocates "device" memory with it, and by the store, which finds the
-same library. Device memory of the stand-in is reserved ``PROT_NONE``: if anything in
+The stand-in is loaded by path (``FAKE_GPU_LIBRARY``; the test also names it in
+``MOONCAKE_CUDA_LIBRARY`` or ``MOONCAKE_HIP_LIBRARY``) both by this script, which
+allocates "device" memory with its CUDA calls, and by the store, which finds the same
+library. Calls made to fail are named as CUDA calls and mapped to HIP's names. Device memory of the stand-in is reserved ``PROT_NONE``: if anything in
 this process touched it with the CPU, the process would die with SIGSEGV.
 
 ``python _gpu_worker.py embedded``
@@ -12,7 +14,7 @@ this process touched it with the CPU, the process would die with SIGSEGV.
     of 4 KiB and 1 MiB; nothing copied through staging; the segment gets pinned; a driver
     call that fails gives an error code, not a crash.
 ``python _gpu_worker.py dummy ADDRESS``
-    the same against a separate ``mooncake_client`` (CUDA IPC handles); prints the
+    the same against a separate ``mooncake_client`` (IPC handles); prints the
     real client's open handle count after registering and after unregistering.
 ``python _gpu_worker.py hold ADDRESS``
     registers a device buffer in dummy mode, prints ``registered``, then waits to be
@@ -39,8 +41,28 @@ from _workers import check  # noqa: E402
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig  # noqa: E402
 
 INVALID_PARAMS = -600
-cuda = ctypes.CDLL(os.environ["MOONCAKE_CUDA_LIBRARY"], mode=ctypes.RTLD_GLOBAL)
+API = os.environ.get("FAKE_GPU_API", "cuda")
+cuda = ctypes.CDLL(os.environ["FAKE_GPU_LIBRARY"], mode=ctypes.RTLD_GLOBAL)
 cuda.fake_cuda_pinned_bytes.restype = ctypes.c_ulonglong
+
+# The HIP name of each CUDA call the tests make fail.
+HIP_NAMES = {
+    "cuInit": "hipInit",
+    "cuDeviceGetCount": "hipGetDeviceCount",
+    "cuMemcpyDtoHAsync_v2": "hipMemcpyDtoHAsync",
+    "cuMemcpyHtoDAsync_v2": "hipMemcpyHtoDAsync",
+    "cuStreamSynchronize": "hipStreamSynchronize",
+    "cuStreamCreate": "hipStreamCreateWithFlags",
+    "cuCtxPushCurrent_v2": "hipSetDevice",
+    "cuPointerGetAttribute": "hipPointerGetAttribute",
+}
+
+
+def fail(calls):
+    """Makes the driver calls named in ``calls`` (CUDA names, comma separated) fail."""
+    if API == "hip":
+        calls = ",".join(HIP_NAMES[c] for c in calls.split(",") if c)
+    cuda.fake_cuda_fail(calls.encode())
 
 
 def cu(name, *args):
@@ -237,22 +259,22 @@ def driver_errors(store, tag):
     check(store.register_buffer(src, size) == 0, "register")
     to_device(src, pattern(3, size))
     for call in ("cuMemcpyDtoHAsync_v2", "cuStreamSynchronize", "cuCtxPushCurrent_v2"):
-        cuda.fake_cuda_fail(call.encode())
+        fail(call)
         code = store.put_from(f"{tag}-fail-{call}", src, size)
-        cuda.fake_cuda_fail(b"")
+        fail("")
         check(code < 0, f"put_from with {call} failing -> {code}")
         check(store.is_exist(f"{tag}-fail-{call}") == 0, f"nothing stored when {call} fails")
     check(store.put_from(f"{tag}-after", src, size) == 0, "works again")
     for call in ("cuMemcpyHtoDAsync_v2", "cuStreamCreate,cuMemcpyHtoDAsync_v2"):
-        cuda.fake_cuda_fail(call.encode())
+        fail(call)
         code = store.get_into(f"{tag}-after", src, size)
-        cuda.fake_cuda_fail(b"")
+        fail("")
         check(code < 0, f"get_into with {call} failing -> {code}")
     check(store.get_into(f"{tag}-after", src, size) == size, "reads work again")
-    cuda.fake_cuda_fail(b"cuPointerGetAttribute")
+    fail("cuPointerGetAttribute")
     other = device_alloc(size)
     code = store.register_buffer(other, size)
-    cuda.fake_cuda_fail(b"")
+    fail("")
     check(code == INVALID_PARAMS, f"register_buffer when the driver cannot classify -> {code}")
 
 
@@ -312,9 +334,9 @@ def no_init():
     ptr = device_alloc(1 << 20)
     store = MooncakeDistributedStore()
     check(store.setup("localhost", "P2PHANDSHAKE", 16 << 20, 8 << 20, "tcp", "", "embedded") == 0, "setup")
-    cuda.fake_cuda_fail(os.environ["FAIL_AT_LOAD"].encode())
+    fail(os.environ["FAIL_AT_LOAD"])
     check(store.register_buffer(ptr, 1 << 20) == INVALID_PARAMS, "refused when the driver does not initialize")
-    cuda.fake_cuda_fail(b"")
+    fail("")
     check(store.register_buffer(ptr, 1 << 20) == INVALID_PARAMS, "the driver is loaded once per process")
     check(store.put("host-still-works", b"x" * 100) == 0, "host memory still works")
     store.close()

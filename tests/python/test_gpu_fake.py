@@ -1,7 +1,10 @@
-"""GPU buffers against the stand-in CUDA driver (``device/fake_cuda/fake_cuda.c``).
+"""GPU buffers against the stand-in CUDA driver (``device/fake_cuda/fake_cuda.c``) and
+the stand-in HIP runtime built over it (``fake_hip.c`` appended); every scenario runs
+once per interface.
 
 Each scenario runs in a child process (``_gpu_worker.py``) with ``MOONCAKE_CUDA_LIBRARY``
-naming the stand-in, because a process loads its CUDA driver once. The stand-in's device
+(or ``MOONCAKE_HIP_LIBRARY``) naming the stand-in, because a process loads its driver
+once. The stand-in's device
 memory is reserved ``PROT_NONE``, so a CPU access to it kills the process: a worker that
 exits cleanly proves the CPU never touched device memory. The real client of dummy mode
 loads the same stand-in and opens the workers' allocations from their IPC handles.
@@ -26,7 +29,7 @@ from mooncake.store import MooncakeDistributedStore  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "_gpu_worker.py"
-SOURCE = ROOT / "device" / "fake_cuda" / "fake_cuda.c"
+SOURCES = ROOT / "device" / "fake_cuda"
 INVALID_PARAMS = -600
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -35,18 +38,35 @@ libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_i
 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 
 
-@pytest.fixture(scope="module")
-def fake_driver(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fake_cuda") / "libcuda.so"
+class FakeDriver:
+    """A stand-in driver library and the environment that makes processes load it."""
+
+    def __init__(self, api, path):
+        self.api = api
+        self.path = path
+        variable = "MOONCAKE_HIP_LIBRARY" if api == "hip" else "MOONCAKE_CUDA_LIBRARY"
+        self.env = {variable: str(path)}
+        self.worker_env = {**self.env, "FAKE_GPU_LIBRARY": str(path), "FAKE_GPU_API": api}
+
+
+@pytest.fixture(scope="module", params=["cuda", "hip"])
+def fake_driver(request, tmp_path_factory):
+    api = request.param
+    soname = "libamdhip64.so" if api == "hip" else "libcuda.so"
+    directory = tmp_path_factory.mktemp(f"fake_{api}")
+    source = directory / f"{soname}.c"
+    parts = ["fake_cuda.c", "fake_hip.c"] if api == "hip" else ["fake_cuda.c"]
+    source.write_text("\n".join((SOURCES / part).read_text() for part in parts))
+    out = directory / soname
     subprocess.run(
-        ["cc", "-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so", "-o", str(out), str(SOURCE)],
+        ["cc", "-O2", "-shared", "-fPIC", "-Wl,-Bsymbolic", f"-Wl,-soname,{soname}", "-o", str(out), str(source)],
         check=True,
     )
-    return out
+    return FakeDriver(api, out)
 
 
 def run_worker(fake_driver, *args, timeout=120, extra_env=None):
-    env = {**os.environ, "MOONCAKE_CUDA_LIBRARY": str(fake_driver), **(extra_env or {})}
+    env = {**os.environ, **fake_driver.worker_env, **(extra_env or {})}
     done = subprocess.run(
         [sys.executable, str(WORKER), *args], env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -75,7 +95,7 @@ def test_a_driver_that_does_not_initialize_refuses_device_buffers(fake_driver, c
 
 
 def test_dummy_mode_opens_device_memory_once_and_closes_it(fake_driver, log_dir):
-    client = start_real_client(log_dir, segment="256MB", env={"MOONCAKE_CUDA_LIBRARY": str(fake_driver)})
+    client = start_real_client(log_dir, segment="256MB", env=fake_driver.env)
     try:
         reports = run_worker(fake_driver, "dummy", client.address)
         # 8 device storages of the vLLM sequence: one IPC handle each, while registered.
@@ -88,8 +108,8 @@ def test_dummy_mode_opens_device_memory_once_and_closes_it(fake_driver, log_dir)
 
 
 def test_a_dummy_killed_with_open_device_handles_releases_them(fake_driver, log_dir):
-    client = start_real_client(log_dir, segment="128MB", env={"MOONCAKE_CUDA_LIBRARY": str(fake_driver)})
-    env = {**os.environ, "MOONCAKE_CUDA_LIBRARY": str(fake_driver)}
+    client = start_real_client(log_dir, segment="128MB", env=fake_driver.env)
+    env = {**os.environ, **fake_driver.worker_env}
     holder = subprocess.Popen(
         [sys.executable, str(WORKER), "hold", client.address], env=env, stdout=subprocess.PIPE, text=True
     )

@@ -394,17 +394,23 @@ mod tests {
                 any::<u64>(),
                 any::<u64>(),
                 proptest::collection::vec(any::<u8>(), 64),
+                any::<bool>(),
             )
-                .prop_map(
-                    |(addr, len, device, alloc_base, alloc_len, handle)| DeviceBufferDecl {
+                .prop_map(|(addr, len, device, alloc_base, alloc_len, handle, hip)| {
+                    DeviceBufferDecl {
                         addr,
                         len,
                         device,
                         alloc_base,
                         alloc_len,
                         handle: serde_bytes::ByteBuf::from(handle),
-                    },
-                );
+                        api: if hip {
+                            crate::types::DeviceApi::Hip
+                        } else {
+                            crate::types::DeviceApi::Cuda
+                        },
+                    }
+                });
             prop_oneof![
                 Just(()).prop_map(|()| RealClientRpcRequest::Ping {}),
                 keys().prop_map(|keys| RealClientRpcRequest::Exist { keys: keys.into() }),

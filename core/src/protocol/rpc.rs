@@ -124,14 +124,16 @@ pub struct DeviceBufferDecl {
     pub addr: u64,
     /// Length in bytes.
     pub len: u64,
-    /// CUDA device ordinal.
+    /// Device ordinal.
     pub device: i32,
     /// Start of the device allocation holding the buffer, in the dummy.
     pub alloc_base: u64,
     /// Length of that allocation.
     pub alloc_len: u64,
-    /// The allocation's CUDA IPC handle (64 bytes).
+    /// The allocation's IPC handle (64 bytes).
     pub handle: ByteBuf,
+    /// The GPU interface the allocation belongs to (which driver opens the handle).
+    pub api: crate::types::DeviceApi,
 }
 
 /// Answer to [`RealClientRpc::ping`].
