@@ -1,7 +1,8 @@
 //! The master conformance suite: every scenario runs against each implementation of the
-//! [`Master`] seam (the embedded `MasterService`, and a `RemoteMaster` talking to a
-//! served master over loopback TCP with a cluster secret), and must pass on both. A
-//! future master (a standby after failover) joins by adding a [`Kind`].
+//! [`Master`] seam (the embedded `MasterService`, a `RemoteMaster` talking to a served
+//! master over loopback TCP with a cluster secret, and a standby promoted after a
+//! failover: it installed its leader's snapshot and took over with its own journal),
+//! and must pass on all three. Another master joins by adding a [`Kind`].
 //!
 //! Both subjects run on a manual clock and with their one maintenance task, so
 //! scenarios advance time and wait for maintenance passes deterministically.
@@ -19,6 +20,7 @@ use mooncake_core::protocol::rpc::WriteMode;
 use mooncake_core::tenant::Tenant;
 use mooncake_core::types::{ReplicaLocation, ReplicateConfig, SegmentId, SoftPinAction};
 use mooncake_master::daemon::RunningMaster;
+use mooncake_master::ha::journal::Journal;
 use mooncake_master::{Clock, MasterConfig, MasterService};
 
 /// Which implementation a scenario runs against.
@@ -28,6 +30,10 @@ enum Kind {
     Embedded,
     /// A served `MasterService` reached through `RemoteMaster` over loopback TCP.
     Remote,
+    /// A standby promoted to leader (high availability): it installed its leader's
+    /// snapshot, then took over with a journal of its own term, so every change it
+    /// makes is journaled for the standbys that follow it.
+    Promoted,
 }
 
 /// A master under test, its clock, and its maintenance (and server).
@@ -60,6 +66,18 @@ impl Subject {
                 let address = running.rpc_address.expect("served").to_string();
                 let remote = RemoteMaster::new(address, Some(secret));
                 (Arc::new(remote) as Arc<dyn Master>, running)
+            }
+            Kind::Promoted => {
+                let leader = MasterService::new(config_of(&service), clock.clone());
+                service
+                    .install_snapshot(leader.snapshot_state())
+                    .expect("the leader's snapshot installs");
+                let journal = Journal::new(2, Duration::from_millis(100));
+                service.take_over(Arc::new(journal));
+                (
+                    Arc::clone(&service) as Arc<dyn Master>,
+                    RunningMaster::unserved(Arc::clone(&service)),
+                )
             }
         };
         Subject {
@@ -682,6 +700,11 @@ async fn batches_answer_every_item_in_order(kind: Kind) {
     s.stop().await;
 }
 
+/// The settings `service` runs with (its leader had the same).
+fn config_of(service: &MasterService) -> MasterConfig {
+    service.config().clone()
+}
+
 /// Runs each scenario against every implementation.
 macro_rules! conformance {
     ($($scenario:ident),* $(,)?) => {
@@ -698,6 +721,14 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $scenario() {
                     super::$scenario(super::Kind::Remote).await;
+                }
+            )*
+        }
+        mod promoted {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    super::$scenario(super::Kind::Promoted).await;
                 }
             )*
         }
