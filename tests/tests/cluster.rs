@@ -24,6 +24,17 @@ fn on(segment: &str) -> ReplicateConfig {
     }
 }
 
+/// Waits until the master lists `count` segments: a node serves its socket before its
+/// segment is mounted, and a put preferring an unmounted segment lands elsewhere.
+fn wait_mounted(client: &DummyClient, count: usize) {
+    let mounted = eventually(Duration::from_secs(10), || {
+        client
+            .status()
+            .is_ok_and(|s| s.master.segments.len() == count)
+    });
+    assert!(mounted, "the master does not list {count} segments");
+}
+
 fn segments_of(client: &DummyClient, key: &str) -> Vec<String> {
     client
         .get_replica_desc(key)
@@ -41,6 +52,7 @@ fn objects_put_on_one_node_are_read_byte_exact_on_the_others() {
         .map(|_| RealClientProcess::join(&master, "128MB", &[]))
         .collect();
     let dummies: Vec<_> = nodes.iter().map(dummy).collect();
+    wait_mounted(&dummies[0], 3);
     for (i, size) in [4usize << 10, 1 << 20, 16 << 20].into_iter().enumerate() {
         let value = pattern(size, i.to_le_bytes()[0]);
         // Force the object onto node C's segment, write through A (A → C transfer).
@@ -84,6 +96,7 @@ fn batches_read_from_another_node_are_byte_exact_and_fail_per_key() {
         .map(|_| RealClientProcess::join(&master, "128MB", &[]))
         .collect();
     let writer = dummy(&nodes[0]);
+    wait_mounted(&writer, 2);
     let (count, size) = (40usize, 4096usize);
     let keys: Vec<String> = (0..count).map(|i| format!("batch-{i}")).collect();
     let source = writer.alloc_from_mem_pool((count * size) as u64);
@@ -128,6 +141,7 @@ fn replica_num_two_lands_on_two_segments() {
         .map(|_| RealClientProcess::join(&master, "64MB", &[]))
         .collect();
     let client = dummy(&nodes[0]);
+    wait_mounted(&client, 3);
     let config = ReplicateConfig {
         replica_num: 2,
         ..ReplicateConfig::default()
@@ -148,10 +162,12 @@ fn a_dead_node_loses_its_objects_but_replicated_ones_survive() {
     let b = RealClientProcess::join(&master, "64MB", &[]);
     let mut c = RealClientProcess::join(&master, "64MB", &[]);
     let client = dummy(&a);
+    wait_mounted(&client, 3);
     let single = pattern(100_000, 1);
     client
         .put("only-on-c", &single, &on(&c.segment_name()))
         .expect("put");
+    assert_eq!(segments_of(&client, "only-on-c"), vec![c.segment_name()]);
     let replicated = pattern(100_000, 2);
     let two = ReplicateConfig {
         replica_num: 2,
@@ -186,6 +202,7 @@ fn eviction_makes_room_but_never_takes_hard_pinned_objects() {
         .map(|_| RealClientProcess::join(&master, "32MB", &[]))
         .collect();
     let client = dummy(&nodes[0]);
+    wait_mounted(&client, 2);
     let pinned = ReplicateConfig {
         with_hard_pin: true,
         ..ReplicateConfig::default()
@@ -337,6 +354,7 @@ fn copy_and_move_tasks_are_executed_by_the_owning_node() {
     let c = RealClientProcess::join(&master, "64MB", &[]);
     // Tasks are asked for through C; A owns the source and does the copying.
     let via_c = dummy(&c);
+    wait_mounted(&via_c, 3);
     let copied = pattern(3 << 20, 3);
     via_c
         .put("copied", &copied, &on(&a.segment_name()))
