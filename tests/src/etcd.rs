@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 use crate::free_tcp_port;
 use crate::offload::TempDir;
 
+/// Starts tried before a test gives up.
+const ATTEMPTS: usize = 3;
+
 /// A running `etcd`, killed on drop.
 #[derive(Debug)]
 pub struct EtcdServer {
@@ -27,8 +30,17 @@ impl EtcdServer {
             peer_port: free_tcp_port(),
             dir: TempDir::new("etcd"),
         };
-        server.spawn();
-        server
+        // A port found free may be taken (as the local port of some connection) before
+        // etcd binds it: then etcd exits, and it starts again on other ports.
+        for _ in 0..ATTEMPTS {
+            if server.spawn() {
+                return server;
+            }
+            server.kill9();
+            server.port = free_tcp_port();
+            server.peer_port = free_tcp_port();
+        }
+        panic!("etcd did not start: {}", server.log());
     }
 
     /// `127.0.0.1:<port>`.
@@ -36,7 +48,8 @@ impl EtcdServer {
         format!("127.0.0.1:{}", self.port)
     }
 
-    fn spawn(&mut self) {
+    /// Starts etcd on its ports; false when it exits or is not healthy within 20 s.
+    fn spawn(&mut self) -> bool {
         let client = format!("http://127.0.0.1:{}", self.port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let child = Command::new("etcd")
@@ -59,15 +72,39 @@ impl EtcdServer {
                 "error",
             ])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(self.log_file())
             .spawn()
             .expect("spawn etcd: install the etcd-server package (.ci/run does)");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !self.healthy() {
-            assert!(Instant::now() < deadline, "etcd did not start");
+            let exited = self
+                .child
+                .as_mut()
+                .is_some_and(|c| c.try_wait().ok().flatten().is_some());
+            if exited || Instant::now() >= deadline {
+                return false;
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+        true
+    }
+
+    fn log_path(&self) -> std::path::PathBuf {
+        std::path::Path::new(self.dir.path()).join("etcd.log")
+    }
+
+    fn log_file(&self) -> Stdio {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .map_or_else(|_| Stdio::null(), Stdio::from)
+    }
+
+    /// What etcd logged (errors only).
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
     fn healthy(&self) -> bool {
@@ -81,8 +118,14 @@ impl EtcdServer {
 
     /// Starts it again on the same ports and data.
     pub fn restart(&mut self) {
-        self.kill9();
-        self.spawn();
+        for _ in 0..ATTEMPTS {
+            self.kill9();
+            if self.spawn() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("etcd did not start again: {}", self.log());
     }
 }
 
