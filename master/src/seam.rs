@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use mooncake_core::error::CodeResult;
 use mooncake_core::master_api::{
-    ClientStatus, LeasedReplicas, Master, MasterFuture, MasterStats, OffloadWork, PutStarted,
-    TaskInfo, TaskWork,
+    ClientStatus, LeaseBudget, LeasedReplicas, Master, MasterFuture, MasterStats, OffloadWork,
+    PutStarted, TaskInfo, TaskWork,
 };
 use mooncake_core::protocol::master_rpc::{MASTER_PROTOCOL_VERSION, MasterHello};
 use mooncake_core::protocol::rpc::WriteMode;
@@ -106,10 +106,14 @@ impl Master for MasterService {
         done(results)
     }
 
-    fn exist(&self, keys: Vec<String>) -> MasterFuture<'_, Vec<CodeResult<bool>>> {
+    fn exist(
+        &self,
+        keys: Vec<String>,
+        mut budget: LeaseBudget,
+    ) -> MasterFuture<'_, Vec<CodeResult<Option<u64>>>> {
         done(
             keys.iter()
-                .map(|key| MasterService::exist(self, key))
+                .map(|key| self.exist_within(key, &mut budget))
                 .collect(),
         )
     }

@@ -22,7 +22,7 @@ use mooncake_core::tenant::Tenant;
 use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 use mooncake_core::master_api::{
-    ClientStatus, Master, MasterStats, OffloadWork, PutStarted, TaskInfo, TaskWork,
+    ClientStatus, LeaseBudget, Master, MasterStats, OffloadWork, PutStarted, TaskInfo, TaskWork,
 };
 use mooncake_core::op_metrics::OpMetrics;
 
@@ -226,12 +226,17 @@ impl MasterRpc for MasterHandler {
         self.counted_all(RpcOp::GetReplicaList, started, results)
     }
 
-    async fn exist(self, _: Context, keys: Vec<String>) -> Vec<CodeResult<bool>> {
+    async fn exist(
+        self,
+        _: Context,
+        keys: Vec<String>,
+        max_leased_bytes: Option<u64>,
+    ) -> Vec<CodeResult<Option<u64>>> {
         if let Some(refused) = oversized(keys.len()) {
             return refused;
         }
         let started = Instant::now();
-        let results = self.master.exist(keys).await;
+        let results = self.master.exist(keys, LeaseBudget(max_leased_bytes)).await;
         self.counted_all(RpcOp::Exist, started, results)
     }
 

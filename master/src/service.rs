@@ -17,7 +17,7 @@ use mooncake_core::types::{
     ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentId, SoftPinAction,
 };
 
-use mooncake_core::master_api::{ClientStatus, LOCAL_OWNER, MasterStats, PutStarted};
+use mooncake_core::master_api::{ClientStatus, LOCAL_OWNER, LeaseBudget, MasterStats, PutStarted};
 
 use super::clients::ClientTable;
 use super::clock::Clock;
@@ -575,16 +575,33 @@ impl MasterService {
 
     /// Whether a readable object exists; grants a read lease when it does (as upstream).
     pub fn exist(&self, key: &str) -> CodeResult<bool> {
+        Ok(self.exist_within(key, &mut LeaseBudget(None))?.is_some())
+    }
+
+    /// The size of `key` when it is readable (in memory or on disk). A memory copy is
+    /// leased when `budget` allows (see [`LeaseBudget`]); otherwise the check only
+    /// counts as a use for the eviction order.
+    pub fn exist_within(&self, key: &str, budget: &mut LeaseBudget) -> CodeResult<Option<u64>> {
         self.check_key(key)?;
         let mut shard = self.shard(key).lock();
         match shard.get_mut(key) {
             Some(entry) if entry.is_readable() => {
-                entry.grant_lease(self.clock.now(), self.config.default_kv_lease_ttl);
-                Ok(true)
+                let size = entry.readable.as_ref().map_or(0, |v| v.size);
+                let now = self.clock.now();
+                if budget.take(size) {
+                    entry.grant_lease(now, self.config.default_kv_lease_ttl);
+                } else {
+                    entry.touch(now);
+                }
+                Ok(Some(size))
             }
             _ => {
                 drop(shard);
-                Ok(self.disk_descriptor(key).is_some())
+                let size = self.disk_descriptor(key).map(|disk| disk.size);
+                if let Some(size) = size {
+                    budget.take(size);
+                }
+                Ok(size)
             }
         }
     }

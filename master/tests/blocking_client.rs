@@ -15,9 +15,10 @@ use mooncake_master::{Clock, MasterConfig, MasterService};
 
 type Client = BlockingClient<MasterRpcRequest, MasterRpcResponse>;
 
-fn exist(client: &mut Client, key: &str) -> Vec<CodeResult<bool>> {
+fn exist(client: &mut Client, key: &str) -> Vec<CodeResult<Option<u64>>> {
     let request = MasterRpcRequest::Exist {
         keys: vec![key.to_string()],
+        max_leased_bytes: None,
     };
     match client.call(request, Duration::from_secs(5)) {
         Ok(MasterRpcResponse::Exist(answer)) => answer,
@@ -46,8 +47,8 @@ async fn a_blocking_client_is_served_by_the_tarpc_server() {
             other => panic!("unexpected answer {other:?}"),
         }
         // Consecutive calls on one connection each get their own answer.
-        assert_eq!(exist(&mut client, "missing"), vec![Ok(false)]);
-        assert_eq!(exist(&mut client, "missing too"), vec![Ok(false)]);
+        assert_eq!(exist(&mut client, "missing"), vec![Ok(None)]);
+        assert_eq!(exist(&mut client, "missing too"), vec![Ok(None)]);
     })
     .await
     .expect("client thread");

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master_api::{
-    ClientStatus, LOCAL_OWNER, LeasedReplicas, Master, PutStarted, RemoteMaster, TaskKind,
-    TaskStatus,
+    ClientStatus, LOCAL_OWNER, LeaseBudget, LeasedReplicas, Master, PutStarted, RemoteMaster,
+    TaskKind, TaskStatus,
 };
 use mooncake_core::protocol::auth::ClusterSecret;
 use mooncake_core::protocol::rpc::WriteMode;
@@ -141,7 +141,7 @@ impl Subject {
     }
 
     async fn exist(&self, key: &str) -> CodeResult<bool> {
-        one(self.master.exist(vec![key.into()]).await)
+        one(self.master.exist(vec![key.into()], LeaseBudget(None)).await).map(|size| size.is_some())
     }
 
     async fn size(&self, key: &str) -> CodeResult<u64> {
@@ -337,6 +337,52 @@ async fn shorter_leases_on_request(kind: Kind) {
         one(long).expect("read").1,
         LEASE,
         "cut to the master's lease"
+    );
+    s.stop().await;
+}
+
+async fn existence_answers_sizes_and_leases_within_a_budget(kind: Kind) {
+    let s = Subject::with_segment(kind, filling(), 4096).await;
+    let keys: Vec<String> = ["a", "none", "b", "c"].map(String::from).into();
+    for key in ["a", "b", "c"] {
+        s.put(key, 100).await.expect("put");
+    }
+    let found = s.master.exist(keys.clone(), LeaseBudget(Some(150))).await;
+    assert_eq!(
+        found,
+        vec![Ok(Some(100)), Ok(None), Ok(Some(100)), Ok(Some(100))]
+    );
+    let removed = s.master.remove(keys.clone(), false).await;
+    assert_eq!(
+        removed,
+        vec![
+            Err(ErrorCode::OBJECT_HAS_LEASE),
+            Err(ErrorCode::OBJECT_NOT_FOUND),
+            Err(ErrorCode::OBJECT_HAS_LEASE),
+            Ok(())
+        ],
+        "leased while the bytes leased before stayed below 150"
+    );
+    s.clock.advance(LEASE + Duration::from_secs(1));
+    for key in ["a", "b"] {
+        s.remove(key, false).await.expect("the leases ended");
+        s.put(key, 100).await.expect("put again");
+    }
+    let found = s.master.exist(keys.clone(), LeaseBudget(Some(0))).await;
+    assert_eq!(found[0], Ok(Some(100)));
+    assert_eq!(
+        s.remove("a", false).await,
+        Ok(()),
+        "a zero budget leases nothing"
+    );
+    assert_eq!(
+        s.master.exist(keys, LeaseBudget(None)).await[2],
+        Ok(Some(100))
+    );
+    assert_eq!(
+        s.remove("b", false).await,
+        Err(ErrorCode::OBJECT_HAS_LEASE),
+        "no budget: every object found is leased"
     );
     s.stop().await;
 }
@@ -690,9 +736,9 @@ async fn batches_answer_every_item_in_order(kind: Kind) {
     assert!(s.master.put_end(ends).await.iter().all(Result::is_ok));
     let mut keys: Vec<String> = items.into_iter().map(|(key, _)| key).collect();
     keys.push(String::new());
-    let found = s.master.exist(keys.clone()).await;
+    let found = s.master.exist(keys.clone(), LeaseBudget(None)).await;
     assert_eq!(found.len(), n + 1);
-    assert!(found[..n].iter().all(|r| *r == Ok(true)));
+    assert!(found[..n].iter().all(|r| *r == Ok(Some(16))));
     assert_eq!(found[n], Err(ErrorCode::INVALID_KEY));
     let removed = s.master.remove(keys, true).await;
     assert_eq!(removed.len(), n + 1);
@@ -742,6 +788,7 @@ conformance!(
     upsert_replaces_once_complete,
     leases_hold_off_removal,
     shorter_leases_on_request,
+    existence_answers_sizes_and_leases_within_a_budget,
     hard_pins_are_never_evicted,
     soft_pins_go_last,
     replicas_land_on_distinct_and_preferred_segments,

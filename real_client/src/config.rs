@@ -65,6 +65,7 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
     FlagSpec::value("max_total_dummy_shm_size", None, "most shared memory all dummies together may register (default: physical memory)").ours(),
     FlagSpec::value("max_dummy_sessions", Some("1024"), "most dummies attached at once").ours(),
     FlagSpec::value("max_hard_pinned_bytes_per_dummy", None, "most bytes of hard-pinned objects one dummy may hold (default: --global_segment_size, or physical memory for a pure client)").ours(),
+    FlagSpec::value("max_read_leased_bytes_per_dummy", None, "most bytes of objects one dummy may hold read leases on; its further reads wait for its oldest leases to lapse (default: half of --global_segment_size, or of physical memory for a pure client)").ours(),
     FlagSpec::value("default_kv_lease_ttl", Some("10000"), "read lease of the embedded master in ms (or 10s, 500ms)").ours(),
     FlagSpec::value("threads", Some("0"), "worker threads; 0 means one per core")
         .compat(Compat::Differs("threads of the async runtime; default 0 = one per core (upstream: 1)")),
@@ -123,6 +124,9 @@ pub struct RealClientConfig {
     /// Most bytes of hard-pinned objects one dummy may hold (`None`: see
     /// [`hard_pin_quota`](Self::hard_pin_quota)).
     pub max_hard_pinned_bytes_per_dummy: Option<u64>,
+    /// Most bytes of objects one dummy may hold read leases on (`None`: see
+    /// [`read_lease_quota`](Self::read_lease_quota)).
+    pub max_read_leased_bytes_per_dummy: Option<u64>,
     /// Worker threads (0: one per core).
     pub threads: usize,
     /// Tenant id.
@@ -282,6 +286,7 @@ impl RealClientConfig {
                 .number("max_dummy_sessions")?
                 .unwrap_or(DEFAULT_MAX_DUMMY_SESSIONS),
             max_hard_pinned_bytes_per_dummy: flags.size("max_hard_pinned_bytes_per_dummy")?,
+            max_read_leased_bytes_per_dummy: flags.size("max_read_leased_bytes_per_dummy")?,
             threads: flags.number("threads")?.unwrap_or(0),
             tenant_id: tenant_flag(flags)?,
             master_address,
@@ -359,6 +364,20 @@ impl RealClientConfig {
             (Some(limit), _) => limit,
             (None, 0) => physical_memory(),
             (None, size) => size,
+        }
+    }
+
+    /// Most bytes of objects one dummy may hold read leases on:
+    /// `--max_read_leased_bytes_per_dummy`, else half the segment, else (a pure client)
+    /// half the machine's physical memory.
+    pub fn read_lease_quota(&self) -> u64 {
+        match (
+            self.max_read_leased_bytes_per_dummy,
+            self.global_segment_size,
+        ) {
+            (Some(limit), _) => limit,
+            (None, 0) => physical_memory() / 2,
+            (None, size) => size / 2,
         }
     }
 
@@ -673,6 +692,11 @@ mod tests {
             64 << 20,
             "the segment size by default"
         );
+        assert_eq!(
+            config.read_lease_quota(),
+            32 << 20,
+            "half the segment by default"
+        );
         let bad = |options: EmbeddedOptions| {
             RealClientConfig::embedded(options)
                 .expect_err("refused")
@@ -715,6 +739,7 @@ mod tests {
         .expect("a pure client of a cluster");
         assert_eq!(pure.master_address.as_deref(), Some("10.0.0.1:50051"));
         assert_eq!(pure.hard_pin_quota(), physical_memory());
+        assert_eq!(pure.read_lease_quota(), physical_memory() / 2);
     }
 
     #[test]

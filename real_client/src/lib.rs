@@ -30,6 +30,7 @@ pub mod in_process;
 mod liveness;
 pub mod master_link;
 pub mod metrics;
+pub mod read_leases;
 pub mod region;
 pub mod rpc;
 pub mod server;
@@ -60,7 +61,7 @@ use mooncake_shm::shared_memory::PageSize;
 pub use config::{ConfigError, EmbeddedOptions, RealClientConfig};
 use handshake::ServerIdentity;
 use master_link::MasterLink;
-use server::{BindError, ServerState};
+use server::{BindError, ReadLeaseQuota, ServerState};
 use store::Store;
 use transfer::server::ServedSegment;
 use transfer::{TransferClient, TransferServer};
@@ -320,6 +321,12 @@ impl RealClient {
                 .await
                 .map_err(StartError::Offload)?;
         }
+        // The master's read lease, for the quota on dummies' leases (the embedded
+        // master's when a remote one does not answer yet).
+        let read_lease_ttl = master
+            .read_lease_ttl()
+            .await
+            .unwrap_or(config.master.default_kv_lease_ttl);
         let state = Arc::new(ServerState {
             identity: ServerIdentity {
                 instance_id,
@@ -345,6 +352,10 @@ impl RealClient {
                 .clone()
                 .unwrap_or_else(|| "embedded".into()),
             max_hard_pinned_bytes_per_dummy: config.hard_pin_quota(),
+            read_leases: ReadLeaseQuota {
+                max_bytes_per_dummy: config.read_lease_quota(),
+                ttl: read_lease_ttl,
+            },
         });
         let (shutdown, _) = watch::channel(false);
         Ok(RealClient {

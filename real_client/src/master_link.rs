@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master_api::{
-    ClientStatus, LeasedReplicas, Master, MasterStats, OffloadWork, PutStarted, TaskInfo, TaskWork,
+    ClientStatus, LeaseBudget, LeasedReplicas, Master, MasterStats, OffloadWork, PutStarted,
+    TaskInfo, TaskWork,
 };
 use mooncake_core::protocol::rpc::WriteMode;
 use mooncake_core::tenant::Tenant;
@@ -93,6 +94,12 @@ impl MasterLink {
         self.master.hello().await.is_ok()
     }
 
+    /// How long the master leases an object to a read (`None`: it does not answer).
+    pub async fn read_lease_ttl(&self) -> Option<Duration> {
+        let hello = self.master.hello().await.ok()?;
+        Some(Duration::from_millis(hello.lease_ttl_ms))
+    }
+
     /// Mounts a segment for `client`.
     pub async fn mount_segment(
         &self,
@@ -169,9 +176,14 @@ impl MasterLink {
         self.master.get_replica_list(keys, self.read_lease).await
     }
 
-    /// Existence per key.
-    pub async fn exist(&self, keys: Vec<String>) -> Vec<CodeResult<bool>> {
-        self.master.exist(self.scope_all(keys)).await
+    /// The size of each readable key (`None`: not stored); the objects found are leased
+    /// within `budget`.
+    pub async fn exist(
+        &self,
+        keys: Vec<String>,
+        budget: LeaseBudget,
+    ) -> Vec<CodeResult<Option<u64>>> {
+        self.master.exist(self.scope_all(keys), budget).await
     }
 
     /// Size of an object.

@@ -1,13 +1,13 @@
 //! The RPC handlers a dummy's session is served by.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_bytes::ByteBuf;
 use tarpc::context::Context;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
-use mooncake_core::master_api::TaskInfo;
+use mooncake_core::master_api::{LeaseBudget, TaskInfo};
 use mooncake_core::protocol::bounded::Batch;
 use mooncake_core::protocol::rpc::{
     Declaration, DeviceBufferDecl, GetItem, MAX_INLINE_BYTES, MemRange, PingReply, PutItem,
@@ -173,6 +173,56 @@ impl DummyHandler {
         Err(ErrorCode::NO_AVAILABLE_HANDLE)
     }
 
+    /// True when this dummy's reads count against the read-lease quota: every dummy
+    /// but one in this process (the real client's own user).
+    fn has_read_quota(&self) -> bool {
+        !self.session.is_in_process()
+    }
+
+    /// Waits, until `deadline` at most, for this dummy's read leases to leave room for
+    /// another read (see [`crate::read_leases`]); `RPC_TIMEOUT` when they do not.
+    async fn admit_read(&self, deadline: Instant) -> CodeResult<()> {
+        if !self.has_read_quota() {
+            return Ok(());
+        }
+        let limit = self.state.read_leases.max_bytes_per_dummy;
+        loop {
+            let now = Instant::now();
+            let (next_end, first_wait) = {
+                let mut leases = self.session.read_leases().lock();
+                if leases.has_room(now, limit) {
+                    return Ok(());
+                }
+                (leases.next_end(), leases.note_wait())
+            };
+            if first_wait {
+                tracing::warn!(
+                    dummy = %self.session.name,
+                    pid = self.session.pid,
+                    limit,
+                    "a dummy holds read leases on --max_read_leased_bytes_per_dummy bytes (or on the most objects): its reads wait for its oldest leases to lapse (logged once per dummy)"
+                );
+            }
+            if now >= deadline {
+                return Err(ErrorCode::RPC_TIMEOUT);
+            }
+            let wake = next_end
+                .unwrap_or(now)
+                .max(now + Duration::from_millis(1))
+                .min(deadline);
+            tokio::time::sleep_until(wake.into()).await;
+        }
+    }
+
+    /// Counts the leases the master granted to this dummy's reads of `(key, size)`s.
+    fn count_read_leases<'a>(&self, leased: impl IntoIterator<Item = (&'a str, u64)>) {
+        if !self.has_read_quota() {
+            return;
+        }
+        let end = Instant::now() + self.state.read_leases.ttl;
+        self.session.read_leases().lock().record(end, leased);
+    }
+
     /// Writes a batch of a dummy's `put` from start to end, and records its metrics.
     async fn put_to_end(
         self,
@@ -250,7 +300,10 @@ impl DummyHandler {
             }
         }
         if !valid.is_empty() {
-            let copied = self.state.store.get_ranges(&read.key, &valid).await;
+            let (size, copied) = self.state.store.get_ranges(&read.key, &valid).await;
+            if let Some(size) = size {
+                self.count_read_leases([(read.key.as_str(), size)]);
+            }
             for ((index, result), (dest, _)) in positions.into_iter().zip(copied).zip(&valid) {
                 let result = result.and_then(|len| {
                     if lost_pages(std::slice::from_ref(dest)) {
@@ -296,7 +349,31 @@ impl RealClientRpc for DummyHandler {
 
     async fn exist(self, _: Context, keys: Batch<String>) -> Vec<CodeResult<bool>> {
         let started = Instant::now();
-        let results = self.state.store.master().exist(keys.into_inner()).await;
+        let keys = keys.into_inner();
+        // A dummy's existence checks lease only what its quota has room for (no copy
+        // needs those leases).
+        let budget = LeaseBudget(self.has_read_quota().then(|| {
+            let limit = self.state.read_leases.max_bytes_per_dummy;
+            let mut leases = self.session.read_leases().lock();
+            if leases.has_room(started, limit) {
+                limit.saturating_sub(leases.bytes())
+            } else {
+                0
+            }
+        }));
+        let named = budget.0.is_some_and(|room| room > 0).then(|| keys.clone());
+        let found = self.state.store.master().exist(keys, budget).await;
+        if let Some(keys) = &named {
+            let mut left = budget;
+            self.count_read_leases(keys.iter().zip(&found).filter_map(|(key, found)| {
+                let size = found.ok().flatten()?;
+                left.take(size).then_some((key.as_str(), size))
+            }));
+        }
+        let results: Vec<CodeResult<bool>> = found
+            .into_iter()
+            .map(|found| found.map(|size| size.is_some()))
+            .collect();
         self.record_all(Op::Exist, started, &results, |_| 0);
         results
     }
@@ -337,17 +414,30 @@ impl RealClientRpc for DummyHandler {
         results
     }
 
-    async fn get(self, _: Context, items: Batch<GetItem>) -> Vec<CodeResult<u64>> {
+    async fn get(self, ctx: Context, items: Batch<GetItem>) -> Vec<CodeResult<u64>> {
         let started = Instant::now();
+        if let Err(code) = self.admit_read(ctx.deadline).await {
+            return vec![Err(code); items.len()];
+        }
         let results = self.get_batch(&items).await;
+        self.count_read_leases(
+            items
+                .iter()
+                .zip(&results)
+                .filter_map(|(item, result)| Some((item.key.as_str(), *result.as_ref().ok()?))),
+        );
         self.record_all(Op::Get, started, &results, |n| *n);
         results
     }
 
-    async fn get_ranges(self, _: Context, reads: Batch<RangeRead>) -> Vec<Vec<CodeResult<u64>>> {
+    async fn get_ranges(self, ctx: Context, reads: Batch<RangeRead>) -> Vec<Vec<CodeResult<u64>>> {
         let mut results = Vec::with_capacity(reads.len());
         for read in reads.iter() {
             let started = Instant::now();
+            if let Err(code) = self.admit_read(ctx.deadline).await {
+                results.push(vec![Err(code); read.fragments.len()]);
+                continue;
+            }
             let fragments = self.get_ranges_one(read).await;
             self.record_all(Op::GetRanges, started, &fragments, |n| *n);
             results.push(fragments);
@@ -406,8 +496,10 @@ impl RealClientRpc for DummyHandler {
         self.state.store.master().query_task(id).await
     }
 
-    async fn get_inline(self, _: Context, key: String) -> CodeResult<ByteBuf> {
+    async fn get_inline(self, ctx: Context, key: String) -> CodeResult<ByteBuf> {
+        self.admit_read(ctx.deadline).await?;
         let bytes = self.state.store.get_bytes(&key).await?;
+        self.count_read_leases([(key.as_str(), bytes.len() as u64)]);
         if bytes.len() as u64 > MAX_INLINE_BYTES {
             // The reply would pass the frame limit: the dummy needs shared memory for it.
             return Err(ErrorCode::NO_AVAILABLE_HANDLE);

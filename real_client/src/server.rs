@@ -77,6 +77,15 @@ impl Drop for Refusing<'_> {
     }
 }
 
+/// The read-lease quota of each dummy (see [`crate::read_leases`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ReadLeaseQuota {
+    /// Most bytes of objects one dummy may hold read leases on.
+    pub max_bytes_per_dummy: u64,
+    /// How long the master leases an object to a read.
+    pub ttl: Duration,
+}
+
 /// State shared by every connection of one real client.
 #[derive(Debug)]
 pub struct ServerState {
@@ -96,6 +105,8 @@ pub struct ServerState {
     pub admission: Admission,
     /// Most bytes of hard-pinned objects one dummy may hold.
     pub max_hard_pinned_bytes_per_dummy: u64,
+    /// How much one dummy's reads may hold under read leases.
+    pub read_leases: ReadLeaseQuota,
     /// Where the master is (`embedded`, `host:port` or `etcd://…`), for status reports.
     pub master_at: String,
 }

@@ -17,6 +17,7 @@ use mooncake_shm::{MemSlice, Registry, TranslateError};
 use crate::declared::DeclaredMemory;
 use crate::device_buffers::DeviceBuffers;
 use crate::hard_pins::HardPins;
+use crate::read_leases::ReadLeases;
 use crate::region::Region;
 
 /// One attached dummy.
@@ -40,6 +41,8 @@ pub struct Session {
     staging: RwLock<Vec<(u64, u64)>>,
     /// Its hard-pinned objects, against its quota.
     hard_pins: Mutex<HardPins>,
+    /// The read leases its reads hold, against its quota.
+    read_leases: Mutex<ReadLeases>,
 }
 
 impl Session {
@@ -56,12 +59,19 @@ impl Session {
             devices: DeviceBuffers::default(),
             staging: RwLock::new(Vec::new()),
             hard_pins: Mutex::new(HardPins::default()),
+            read_leases: Mutex::new(ReadLeases::default()),
         }
     }
 
     /// Its hard-pinned objects, counted against `--max_hard_pinned_bytes_per_dummy`.
     pub fn hard_pins(&self) -> &Mutex<HardPins> {
         &self.hard_pins
+    }
+
+    /// The read leases its reads hold, counted against
+    /// `--max_read_leased_bytes_per_dummy`.
+    pub fn read_leases(&self) -> &Mutex<ReadLeases> {
+        &self.read_leases
     }
 
     /// True for a dummy running in this process (embedded mode).

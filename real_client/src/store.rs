@@ -456,8 +456,13 @@ impl Store {
 
     /// Copies fragments of one object under a single lease: each `(dest, src_offset)`
     /// gets `dest.len()` bytes from `src_offset`, or `INVALID_PARAMS` when that runs past
-    /// the object. A missing object fails every fragment with the same code.
-    pub async fn get_ranges(&self, key: &str, fragments: &[(Region, u64)]) -> Vec<CodeResult<u64>> {
+    /// the object. A missing object fails every fragment with the same code. Answers
+    /// the object size (`None`: not read) and the result of each fragment.
+    pub async fn get_ranges(
+        &self,
+        key: &str,
+        fragments: &[(Region, u64)],
+    ) -> (Option<u64>, Vec<CodeResult<u64>>) {
         let verdicts = parking_lot::Mutex::new(Vec::new());
         let result = self
             .read(key, |size| {
@@ -479,8 +484,8 @@ impl Store {
             })
             .await;
         match result {
-            Ok(_) => verdicts.into_inner(),
-            Err(code) => fragments.iter().map(|_| Err(code)).collect(),
+            Ok(size) => (Some(size), verdicts.into_inner()),
+            Err(code) => (None, fragments.iter().map(|_| Err(code)).collect()),
         }
     }
 

@@ -3,6 +3,7 @@
 import array
 import ctypes
 import os
+import threading
 import time
 import uuid
 
@@ -599,6 +600,45 @@ def test_each_dummy_has_a_hard_pin_quota(start_client, connect):
     assert first.remove("pin-0") == OK
     assert first.put("pin-3", b"z" * mib, pinned) == OK
     assert first.get("pin-3") == b"z" * mib
+
+
+def test_each_dummy_has_a_read_lease_quota(start_client, connect):
+    # A dummy that keeps reading everything would keep every object leased (unevictable)
+    # for good; with a quota, the objects past it stay evictable and other dummies' puts
+    # find room.
+    client = start_client(
+        "--max_read_leased_bytes_per_dummy=6MB", "--default_kv_lease_ttl=2s", segment="32MB"
+    )
+    reader = connect(client.address, pool=8 << 20, staging=4 << 20)
+    writer = connect(client.address, pool=8 << 20, staging=4 << 20)
+    mib = 1 << 20
+    # The reader fills the whole segment, then keeps reading all of it.
+    keys = [f"read-{i}" for i in range(32)]
+    assert [reader.put(key, bytes([i]) * mib) for i, key in enumerate(keys)] == [OK] * 32
+    stop = threading.Event()
+    reads = []
+
+    def reread():
+        while not stop.is_set():
+            reader.batch_is_exist(keys)
+            for i, key in enumerate(keys):
+                value = reader.get(key)
+                reads.append(len(value) if value in (b"", bytes([i]) * mib) else -1)
+
+    thread = threading.Thread(target=reread)
+    thread.start()
+    try:
+        time.sleep(0.5)
+        codes = [writer.put(f"new-{i}", bytes([i]) * mib) for i in range(32)]
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert codes == [OK] * 32, "the reader's leases kept the writer from evicting"
+    assert -1 not in reads, "a read returned wrong bytes"
+    assert any(n == mib for n in reads), "the reader read nothing"
+    assert writer.get("new-31") == bytes([31]) * mib
+    assert writer.get("new-0") in (b"", bytes([0]) * mib)
 
 
 # ----- upstream's keyword names -----

@@ -36,6 +36,26 @@ pub type MasterFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// A readable object's replicas and the read lease granted with them.
 pub type LeasedReplicas = (Vec<ReplicaDescriptor>, Duration);
 
+/// How an existence check spends its lease budget: the objects found are leased in
+/// order while the bytes leased before them stay below the budget; the rest are
+/// answered without a lease. `None` leases every object found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseBudget(pub Option<u64>);
+
+impl LeaseBudget {
+    /// Whether the next object found, of `size` bytes, is leased; counts it when it is.
+    pub fn take(&mut self, size: u64) -> bool {
+        match &mut self.0 {
+            None => true,
+            Some(0) => false,
+            Some(left) => {
+                *left = left.saturating_sub(size);
+                true
+            }
+        }
+    }
+}
+
 /// Everything a real client (or the master's RPC server) asks of a master.
 ///
 /// Writes are two-phase: [`put_start`](Master::put_start) allocates space and records
@@ -92,8 +112,13 @@ pub trait Master: Send + Sync + std::fmt::Debug {
         lease: Option<Duration>,
     ) -> MasterFuture<'_, Vec<CodeResult<LeasedReplicas>>>;
 
-    /// Whether each key is readable (a readable one is leased).
-    fn exist(&self, keys: Vec<String>) -> MasterFuture<'_, Vec<CodeResult<bool>>>;
+    /// The size of each readable key (`None`: not stored); the objects found are leased
+    /// for the master's read lease within `budget` (see [`LeaseBudget`]).
+    fn exist(
+        &self,
+        keys: Vec<String>,
+        budget: LeaseBudget,
+    ) -> MasterFuture<'_, Vec<CodeResult<Option<u64>>>>;
 
     /// The size of a readable object.
     fn object_size(&self, key: String) -> MasterFuture<'_, CodeResult<u64>>;

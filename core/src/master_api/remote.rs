@@ -21,8 +21,8 @@ use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 use super::replication::{ChangeBatch, SnapshotPart};
 use super::{
-    ClientStatus, LeasedReplicas, Master, MasterFuture, MasterStats, OffloadWork, PutStarted,
-    TaskInfo, TaskWork,
+    ClientStatus, LeaseBudget, LeasedReplicas, Master, MasterFuture, MasterStats, OffloadWork,
+    PutStarted, TaskInfo, TaskWork,
 };
 
 /// Deadline of one call to a remote master.
@@ -446,15 +446,40 @@ impl Master for RemoteMaster {
         })
     }
 
-    fn exist(&self, keys: Vec<String>) -> MasterFuture<'_, Vec<CodeResult<bool>>> {
+    fn exist(
+        &self,
+        keys: Vec<String>,
+        budget: LeaseBudget,
+    ) -> MasterFuture<'_, Vec<CodeResult<Option<u64>>>> {
+        // Calls go one after another: each gets what the ones before left of the budget.
+        let left = std::sync::Mutex::new(budget);
         Box::pin(async move {
             chunked(keys, |chunk| {
-                self.call_or_block(
-                    chunk,
-                    |keys| MasterRpcRequest::Exist { keys },
-                    unpack!(Exist),
-                    move |c, keys| async move { c.exist(ctx(), keys).await },
-                )
+                let budget = *left.lock().unwrap_or_else(|e| e.into_inner());
+                let left = &left;
+                async move {
+                    let bytes = budget.0;
+                    let found = self
+                        .call_or_block(
+                            chunk,
+                            |keys| MasterRpcRequest::Exist {
+                                keys,
+                                max_leased_bytes: bytes,
+                            },
+                            unpack!(Exist),
+                            move |c, keys| async move { c.exist(ctx(), keys, bytes).await },
+                        )
+                        .await?;
+                    let mut after = budget;
+                    for size in found
+                        .iter()
+                        .filter_map(|f| f.as_ref().ok().copied().flatten())
+                    {
+                        after.take(size);
+                    }
+                    *left.lock().unwrap_or_else(|e| e.into_inner()) = after;
+                    Ok(found)
+                }
             })
             .await
         })

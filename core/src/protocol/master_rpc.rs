@@ -9,7 +9,7 @@ use crate::protocol::rpc::WriteMode;
 use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 /// Version of the master protocol; clients and master must agree exactly.
-pub const MASTER_PROTOCOL_VERSION: u32 = 8;
+pub const MASTER_PROTOCOL_VERSION: u32 = 9;
 
 /// Most items one batch call may carry; a larger batch is refused with
 /// `INVALID_PARAMS` for every item (clients split their batches at this size).
@@ -63,8 +63,13 @@ pub trait MasterRpc {
         keys: Vec<String>,
         lease_ms: Option<u64>,
     ) -> Vec<CodeResult<(Vec<ReplicaDescriptor>, u64)>>;
-    /// Existence per key (grants leases).
-    async fn exist(keys: Vec<String>) -> Vec<CodeResult<bool>>;
+    /// The size of each readable key (`None`: not stored). The objects found are leased
+    /// in order while the bytes leased before them stay below `max_leased_bytes`
+    /// (`None`: every one).
+    async fn exist(
+        keys: Vec<String>,
+        max_leased_bytes: Option<u64>,
+    ) -> Vec<CodeResult<Option<u64>>>;
     /// Size of an object.
     async fn object_size(key: String) -> CodeResult<u64>;
     /// Replica descriptors per key, without a lease.

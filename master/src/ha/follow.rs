@@ -15,8 +15,8 @@ use tokio::sync::watch;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master_api::{
-    ClientStatus, LeasedReplicas, Master, MasterFuture, MasterStats, OffloadWork, PutStarted,
-    RemoteMaster, TaskInfo, TaskWork,
+    ClientStatus, LeaseBudget, LeasedReplicas, Master, MasterFuture, MasterStats, OffloadWork,
+    PutStarted, RemoteMaster, TaskInfo, TaskWork,
 };
 use mooncake_core::protocol::auth::ClusterSecret;
 use mooncake_core::protocol::master_rpc::MasterHello;
@@ -171,9 +171,9 @@ impl LeaderFollower {
             return;
         }
         let probe = doubtful.iter().map(|&i| keys[i].clone()).collect();
-        let readable = Master::exist(self, probe).await;
+        let readable = Master::exist(self, probe, LeaseBudget(Some(0))).await;
         for (&index, found) in doubtful.iter().zip(readable) {
-            if !matches!(found, Ok(true)) {
+            if !matches!(found, Ok(Some(_))) {
                 answers[index] = Err(ErrorCode::OBJECT_REPLICA_BUSY);
             }
         }
@@ -336,11 +336,15 @@ impl Master for LeaderFollower {
         }))
     }
 
-    fn exist(&self, keys: Vec<String>) -> MasterFuture<'_, Vec<CodeResult<bool>>> {
+    fn exist(
+        &self,
+        keys: Vec<String>,
+        budget: LeaseBudget,
+    ) -> MasterFuture<'_, Vec<CodeResult<Option<u64>>>> {
         let refuse = refuse_all(keys.len());
         Box::pin(self.call(refuse, move |l: Arc<Leader>| {
             let keys = keys.clone();
-            async move { l.master.exist(keys).await }
+            async move { l.master.exist(keys, budget).await }
         }))
     }
 

@@ -15,8 +15,8 @@ use parking_lot::Mutex;
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master_api::replication::{ChangeBatch, SnapshotPart};
 use mooncake_core::master_api::{
-    ClientStatus, HaStatus, LeasedReplicas, Master, MasterFuture, MasterStats, OffloadWork,
-    PutStarted, TaskInfo, TaskWork,
+    ClientStatus, HaStatus, LeaseBudget, LeasedReplicas, Master, MasterFuture, MasterStats,
+    OffloadWork, PutStarted, TaskInfo, TaskWork,
 };
 use mooncake_core::protocol::master_rpc::MasterHello;
 use mooncake_core::protocol::rpc::WriteMode;
@@ -455,11 +455,15 @@ impl Master for HaNode {
         )
     }
 
-    fn exist(&self, keys: Vec<String>) -> MasterFuture<'_, Vec<CodeResult<bool>>> {
+    fn exist(
+        &self,
+        keys: Vec<String>,
+        budget: LeaseBudget,
+    ) -> MasterFuture<'_, Vec<CodeResult<Option<u64>>>> {
         let count = keys.len();
         self.read(
             move |code| refuse_all(count, code),
-            move |m| Master::exist(m, keys),
+            move |m| Master::exist(m, keys, budget),
         )
     }
 
