@@ -13,6 +13,7 @@
 //! copies run at bus speed. At most [`MAX_DEVICE_BUFFERS`] buffers per session.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
@@ -257,6 +258,16 @@ impl DeviceBuffers {
     }
 }
 
+/// Bytes of this node's segment pinned for GPU copies (0 until the pinning of
+/// [`pin_segment`] succeeded).
+static SEGMENT_PINNED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of this node's segment pinned for GPU copies: 0 until the first GPU buffer
+/// is registered and the background pinning has finished (or when it failed).
+pub fn segment_pinned_bytes() -> u64 {
+    SEGMENT_PINNED_BYTES.load(Ordering::Relaxed)
+}
+
 /// Pins this node's segment once, on a background thread, so that copies between
 /// devices and the segment run at bus speed; a failure is logged (copies then run
 /// from pageable memory, slower but correct).
@@ -275,6 +286,7 @@ fn pin_segment(segment: &Arc<SharedMemory>, api: DeviceApi) {
                 match unsafe { driver.pin(segment.base() as *mut u8, segment.len() as u64) } {
                     Ok(pinned) => {
                         tracing::info!(bytes = pinned.len(), "segment pinned for GPU copies");
+                        SEGMENT_PINNED_BYTES.store(pinned.len(), Ordering::Relaxed);
                         std::mem::forget(pinned);
                         std::mem::forget(segment);
                     }

@@ -79,6 +79,13 @@ impl Metrics {
              mooncake_client_device_handles {}\n",
             mooncake_device::driver::open_handles()
         );
+        let _ = write!(
+            text,
+            "# HELP mooncake_client_segment_pinned_bytes Bytes of the global segment pinned for GPU copies (0 until the first GPU buffer is registered and pinning finished).\n\
+             # TYPE mooncake_client_segment_pinned_bytes gauge\n\
+             mooncake_client_segment_pinned_bytes {}\n",
+            crate::device_buffers::segment_pinned_bytes()
+        );
         text
     }
 }

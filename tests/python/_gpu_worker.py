@@ -293,6 +293,10 @@ def embedded():
     while cuda.fake_cuda_pinned_bytes() < (64 << 20) and time.monotonic() < deadline:
         time.sleep(0.05)
     check(cuda.fake_cuda_pinned_bytes() >= 64 << 20, f"segment pinned: {cuda.fake_cuda_pinned_bytes()}")
+    deadline = time.monotonic() + 10
+    while status(store)["segment_pinned_bytes"] < (64 << 20) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    check(status(store)["segment_pinned_bytes"] == 64 << 20, f"status reports the pinned segment: {status(store)}")
     store.close()
     print("OK", flush=True)
 

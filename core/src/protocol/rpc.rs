@@ -205,6 +205,10 @@ pub struct StatusReport {
     pub staged_bytes: u64,
     /// GPU allocations of dummies this process holds open (CUDA IPC handles).
     pub device_handles: u64,
+    /// Bytes of the global segment pinned for GPU copies (`cuMemHostRegister` /
+    /// `hipHostRegister`): 0 until the first GPU buffer is registered and while the
+    /// background pinning runs, then the segment's size (0 again if pinning failed).
+    pub segment_pinned_bytes: u64,
 }
 
 impl Elements for MemRange {

@@ -208,10 +208,11 @@ fn status(client: &DummyClient) -> Result<(), Failure> {
         format_size(report.mapped_bytes),
         format_size(report.staged_bytes)
     );
-    if report.device_handles > 0 {
+    if report.device_handles > 0 || report.segment_pinned_bytes > 0 {
         println!(
-            "gpu          {} dummy allocations open (CUDA IPC)",
-            report.device_handles
+            "gpu          {} dummy allocations open (CUDA IPC), {} of the segment pinned",
+            report.device_handles,
+            format_size(report.segment_pinned_bytes)
         );
     }
     for dummy in &report.dummies {
