@@ -1,14 +1,18 @@
 """GPU check of the store on a machine with an NVIDIA GPU and PyTorch.
 
 Moves GPU memory through the store in embedded mode (``setup()``, the real client in
-this process) and in dummy mode (a ``mooncake_client`` process, CUDA IPC handles), checks
-every byte, and times ``put_from`` / ``get_into`` of 4 KiB, 1 MiB and 64 MiB objects
+this process), in dummy mode (a ``mooncake_client`` process, CUDA IPC handles) and in
+remote mode (vLLM's standalone-store deployment: an embedded client that contributes no
+memory, whose objects live in another node's segment, reached over TCP through the
+transfer engine and a bounce buffer; a ``mooncake_master`` and a ``mooncake_client``
+joined to it), checks every byte, and times ``put_from`` / ``get_into`` of 4 KiB, 1 MiB and 64 MiB objects
 next to plain CUDA copies (``cudaMemcpy`` device to host and back, pinned and pageable
 host memory) of the same sizes in the same run. Also runs vLLM's call sequence
 (per-layer device storages, ``batch_put_from_multi_buffers``,
 ``batch_get_into_multi_buffers``) and ``get_tensor_into_cuda`` once per mode.
 
-    python benches/gpu_check.py --client target/release/mooncake_client [--json out.json]
+    python benches/gpu_check.py --client target/release/mooncake_client \
+        --master target/release/mooncake_master [--json out.json]
 
 Exits non-zero when a byte check or a call fails. Timings are medians over repeats.
 """
@@ -193,10 +197,11 @@ def warm_pinning(store, mode):
 
 
 def run_mode(store, mode):
-    probe = warm_pinning(store, mode)
+    probe = warm_pinning(store, mode) if mode != "remote" else None
     figures = {"singles": singles(store, mode), "vllm": vllm_sequence(store, mode)}
     tensor_into_cuda(store, mode)
-    store.unregister_buffer(probe.data_ptr())
+    if probe is not None:
+        store.unregister_buffer(probe.data_ptr())
     return figures
 
 
@@ -206,12 +211,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_client(binary, log_path):
+def start_client(binary, log_path, *flags):
     port = free_port()
     log = open(log_path, "wb")
     proc = subprocess.Popen(
-        [binary, f"--port={port}", f"--global_segment_size={SEGMENT}", "--embedded_master_port=0",
-         "--log_level=info"],
+        [binary, f"--port={port}", f"--global_segment_size={SEGMENT}", "--log_level=info",
+         *(flags or ["--embedded_master_port=0"])],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
     )
     address = f"127.0.0.1:{port}"
@@ -225,9 +230,79 @@ def start_client(binary, log_path):
     fail("mooncake_client did not accept a dummy in 30 s")
 
 
+def loopback_tcp_gbps(size=64 << 20, count=16):
+    """Raw loopback TCP of the same machine: one sender, one receiver thread, ``count``
+    messages of ``size`` bytes (the ceiling of remote mode's transfers)."""
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    payload = bytes(size)
+
+    def receive():
+        conn, _ = listener.accept()
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        left = size * count
+        while left:
+            got = conn.recv_into(view[: min(size, left)])
+            check(got > 0, "raw TCP receiver: connection closed")
+            left -= got
+        conn.sendall(b"k")
+        conn.close()
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    sender = socket.create_connection(listener.getsockname())
+    start = time.perf_counter()
+    for _ in range(count):
+        sender.sendall(payload)
+    check(sender.recv(1) == b"k", "raw TCP: no acknowledgement")
+    elapsed = time.perf_counter() - start
+    thread.join()
+    sender.close()
+    listener.close()
+    return size * count / elapsed / 1e9
+
+
+def remote_mode(args, report):
+    """A standalone master, a node holding the memory, and this process as a pure
+    embedded client (``global_segment_size`` 0) whose puts land on that node."""
+    master_port = free_port()
+    master = subprocess.Popen(
+        [args.master, f"--rpc_port={master_port}", "--rpc_address=127.0.0.1", "--metrics_port=0",
+         "--enable_metric_reporting=false", "--log_level=warn"],
+        stdout=open(args.log + ".master", "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    )
+    address = f"127.0.0.1:{master_port}"
+    node = None
+    try:
+        node, probe = start_client(args.client, args.log + ".node", "--host=127.0.0.1",
+                                   f"--master_server_address={address}")
+        deadline = time.monotonic() + 30
+        while not json.loads(probe._status_json()).get("segments"):
+            check(time.monotonic() < deadline, "remote: the node's segment is not mounted at the master")
+            time.sleep(0.1)
+        probe.close()
+        store = MooncakeDistributedStore()
+        deadline = time.monotonic() + 30
+        while store.setup("127.0.0.1", "P2PHANDSHAKE", 0, STAGING, "tcp", "", address) != 0:
+            check(time.monotonic() < deadline, "remote: setup of the pure embedded client")
+            time.sleep(0.2)
+        report["remote"] = run_mode(store, "remote")
+        store.close()
+    finally:
+        for proc in (node, master):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=30)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--client", required=True, help="path of the mooncake_client binary")
+    parser.add_argument("--master", help="path of the mooncake_master binary (remote mode; skipped without it)")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--log", default=os.path.join(tempfile.gettempdir(), "gpu_check_client.log"))
     args = parser.parse_args()
@@ -261,8 +336,17 @@ def main():
     report["dummy_pinning_log"] = pinned
     print("dummy real client:", pinned, flush=True)
 
+    if args.master:
+        report["loopback_tcp_gbps"] = [loopback_tcp_gbps() for _ in range(3)]
+        print(f"raw loopback TCP, 64 MiB messages: {report['loopback_tcp_gbps']} GB/s", flush=True)
+        remote_mode(args, report)
+        tcp = statistics.median(report["loopback_tcp_gbps"])
+        ours = report["remote"]["singles"][SIZES[-1]]
+        print(f"remote 64 MiB against raw loopback TCP ({tcp:.2f} GB/s): put_from {ours['put_from_gbps'] / tcp:.2f}, "
+              f"get_into {ours['get_into_gbps'] / tcp:.2f}", flush=True)
+
     print("\nratio to cudaMemcpy (pinned) of the same size, same run:")
-    for mode in ("embedded", "dummy"):
+    for mode in [m for m in ("embedded", "dummy", "remote") if m in report]:
         for size in SIZES:
             ours = report[mode]["singles"][size]
             base = report["memcpy"][size]["pinned"]

@@ -18,6 +18,7 @@
 //! The binary is thin: [`cli::main`] parses flags and calls [`run`]. Embedders (the Python
 //! `setup()` mode) call [`RealClient::start`] instead.
 
+pub mod bounce;
 pub mod cli;
 pub mod config;
 pub mod declared;

@@ -119,6 +119,14 @@ impl DeviceRange {
 }
 
 impl Region {
+    /// The GPU interface of a device range (`None` for host memory).
+    pub fn device_api(&self) -> Option<mooncake_device::DeviceApi> {
+        match self {
+            Region::Device(range) => Some(range.target.api),
+            Region::Mapped(_) | Region::Process(_) => None,
+        }
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> u64 {
         match self {

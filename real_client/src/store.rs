@@ -15,8 +15,10 @@ use mooncake_core::master_api::{PutStarted, TaskWork};
 use mooncake_core::protocol::grant::{Grant, GrantedRange};
 use mooncake_core::protocol::rpc::WriteMode;
 use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SegmentId};
+use mooncake_device::DeviceApi;
 use mooncake_shm::MemSlice;
 
+use crate::bounce::BouncePool;
 use crate::disk::DiskTier;
 use crate::master_link::MasterLink;
 use crate::region::Region;
@@ -53,9 +55,18 @@ impl Payload<'_> {
         }
     }
 
-    /// The whole payload copied into one private shared buffer (for peers).
-    fn bounce(&self) -> CodeResult<MemSlice> {
-        let staged = stage_zeroed(self.total_len().ok_or(ErrorCode::INVALID_PARAMS)?)?;
+    /// The GPU interface of the first device range of the payload, if any.
+    fn device_api(&self) -> Option<DeviceApi> {
+        match self {
+            Payload::Regions(regions) => regions.iter().find_map(Region::device_api),
+            Payload::Bytes(_) => None,
+        }
+    }
+
+    /// The whole payload copied into one bounce buffer of `pool` (for peers).
+    fn bounce(&self, pool: &BouncePool) -> CodeResult<MemSlice> {
+        let len = self.total_len().ok_or(ErrorCode::INVALID_PARAMS)?;
+        let staged = pool.take(len, self.device_api())?;
         match self {
             Payload::Bytes(bytes) => {
                 staged.write_from(bytes);
@@ -120,6 +131,8 @@ pub struct Store {
     segment_name: String,
     /// Reads served from another node's SSD tier (upstream's offload RPC reads).
     remote_disk_reads: std::sync::atomic::AtomicU64,
+    /// Buffers that carry to and from peers what is not mapped here.
+    bounce: BouncePool,
 }
 
 fn transfer_blocking<T>(work: impl FnOnce() -> T) -> T {
@@ -144,6 +157,7 @@ impl Store {
             disk,
             segment_name,
             remote_disk_reads: std::sync::atomic::AtomicU64::new(0),
+            bounce: BouncePool::default(),
         }
     }
 
@@ -369,7 +383,7 @@ impl Store {
         // Bytes and declared memory bound for a peer travel from a private shared
         // buffer of this process (copied there once, then sent).
         let payload = if to_peer && !payload.is_mapped() {
-            staged = Payload::Regions(vec![Region::Mapped(payload.bounce()?)]);
+            staged = Payload::Regions(vec![Region::Mapped(payload.bounce(&self.bounce)?)]);
             &staged
         } else {
             payload
@@ -783,9 +797,10 @@ impl Store {
                             self.transfers
                                 .read(endpoint, segment, offset + at, grant, slice)
                         }
-                        // Declared memory: received into a private buffer, then copied over.
+                        // Declared or GPU memory: received into a bounce buffer, then
+                        // copied over.
                         None => {
-                            let bounce = stage_zeroed(dest.len())?;
+                            let bounce = self.bounce.take(dest.len(), dest.device_api())?;
                             self.transfers
                                 .read(endpoint, segment, offset + at, grant, &bounce)?;
                             dest.fill_from(&bounce)

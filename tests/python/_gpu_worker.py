@@ -16,6 +16,9 @@ this process touched it with the CPU, the process would die with SIGSEGV.
 ``python _gpu_worker.py dummy ADDRESS``
     the same against a separate ``mooncake_client`` (IPC handles); prints the
     real client's open handle count after registering and after unregistering.
+``python _gpu_worker.py remote MASTER``
+    the same as a pure embedded client (no segment) of a standalone master whose
+    objects live on another node: device memory goes through pinned bounce buffers.
 ``python _gpu_worker.py hold ADDRESS``
     registers a device buffer in dummy mode, prints ``registered``, then waits to be
     killed (the test kills it with SIGKILL).
@@ -301,6 +304,28 @@ def embedded():
     print("OK", flush=True)
 
 
+def remote(master_address):
+    """vLLM's standalone-store deployment: this process is a pure embedded client (no
+    segment of its own) and every object lives on another node, so device memory
+    travels through the transfer engine by way of pinned bounce buffers."""
+    init()
+    store = MooncakeDistributedStore()
+    check(store.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", master_address) == 0, "setup")
+    for _ in range(2):  # the second round reuses the bounce buffers of the first
+        vllm_sequence(store, "rem")
+        check(store.remove_all(True) >= 0, "remove_all")
+    singles(store, "rem")
+    tensor_into_device(store, "rem")
+    report = status(store)
+    check(report["staged_bytes"] == 0, f"nothing staged: {report['staged_bytes']}")
+    # Pinned beyond the (placeholder) segment: at least the 1 MiB bounce buffer of the
+    # largest single transfer.
+    pinned = cuda.fake_cuda_pinned_bytes() - report["segment_pinned_bytes"]
+    check(pinned >= 1 << 20, f"the bounce buffers are pinned: {pinned} bytes")
+    store.close()
+    print("OK", flush=True)
+
+
 def dummy(address):
     init()
     store = MooncakeDistributedStore()
@@ -360,5 +385,5 @@ def refused(address):
 
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    commands = {"embedded": embedded, "dummy": dummy, "hold": hold, "refused": refused, "no_init": no_init}
+    commands = {"embedded": embedded, "dummy": dummy, "hold": hold, "remote": remote, "refused": refused, "no_init": no_init}
     commands[command](*args)

@@ -89,6 +89,13 @@ def test_embedded_mode_moves_pages_between_device_memory_and_the_store(fake_driv
     run_worker(fake_driver, "embedded")
 
 
+def test_a_pure_embedded_client_moves_device_memory_to_another_node(fake_driver, start_master, master_client):
+    master = start_master()
+    owner = master_client(master, segment="256MB")
+    run_worker(fake_driver, "remote", master.address)
+    assert owner.alive(), owner.log()
+
+
 @pytest.mark.parametrize("call", ["cuInit", "cuDeviceGetCount"])
 def test_a_driver_that_does_not_initialize_refuses_device_buffers(fake_driver, call):
     run_worker(fake_driver, "no_init", extra_env={"FAIL_AT_LOAD": call})
