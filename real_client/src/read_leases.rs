@@ -61,6 +61,20 @@ impl ReadLeases {
         self.bytes < limit && self.held.len() < MAX_LEASED_OBJECTS
     }
 
+    /// Bytes another lease may take at `now` (0 when there is no room).
+    pub fn room(&mut self, now: Instant, limit: u64) -> u64 {
+        if self.has_room(now, limit) {
+            limit.saturating_sub(self.bytes)
+        } else {
+            0
+        }
+    }
+
+    /// The hash a key is counted under.
+    pub fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
     /// Notes that a read waits for room; true the first time (to log it once).
     pub fn note_wait(&mut self) -> bool {
         !std::mem::replace(&mut self.waited, true)
@@ -73,8 +87,18 @@ impl ReadLeases {
 
     /// Counts leases until `end` on each `(key, size)`.
     pub fn record<'a>(&mut self, end: Instant, leased: impl IntoIterator<Item = (&'a str, u64)>) {
-        for (key, size) in leased {
-            let hash = self.hasher.hash_one(key);
+        let hasher = self.hasher.clone();
+        self.record_hashed(
+            end,
+            leased
+                .into_iter()
+                .map(|(key, size)| (hasher.hash_one(key), size)),
+        );
+    }
+
+    /// [`record`](Self::record) of keys already hashed with [`hash`](Self::hash).
+    pub fn record_hashed(&mut self, end: Instant, leased: impl IntoIterator<Item = (u64, u64)>) {
+        for (hash, size) in leased {
             match self.held.insert(hash, (end, size)) {
                 Some((_, old)) => {
                     self.bytes = self.bytes.saturating_sub(old).saturating_add(size);

@@ -351,24 +351,29 @@ impl RealClientRpc for DummyHandler {
         let started = Instant::now();
         let keys = keys.into_inner();
         // A dummy's existence checks lease only what its quota has room for (no copy
-        // needs those leases).
-        let budget = LeaseBudget(self.has_read_quota().then(|| {
+        // needs those leases); the keys that may get one are hashed before they go.
+        let (budget, hashes) = if self.has_read_quota() {
             let limit = self.state.read_leases.max_bytes_per_dummy;
-            let mut leases = self.session.read_leases().lock();
-            if leases.has_room(started, limit) {
-                limit.saturating_sub(leases.bytes())
-            } else {
-                0
-            }
-        }));
-        let named = budget.0.is_some_and(|room| room > 0).then(|| keys.clone());
+            let leases = &mut *self.session.read_leases().lock();
+            let room = leases.room(started, limit);
+            let hashes =
+                (room > 0).then(|| keys.iter().map(|key| leases.hash(key)).collect::<Vec<_>>());
+            (LeaseBudget(Some(room)), hashes)
+        } else {
+            (LeaseBudget(None), None)
+        };
         let found = self.state.store.master().exist(keys, budget).await;
-        if let Some(keys) = &named {
+        if let Some(hashes) = hashes {
             let mut left = budget;
-            self.count_read_leases(keys.iter().zip(&found).filter_map(|(key, found)| {
+            let end = Instant::now() + self.state.read_leases.ttl;
+            let granted = hashes.into_iter().zip(&found).filter_map(|(hash, found)| {
                 let size = found.ok().flatten()?;
-                left.take(size).then_some((key.as_str(), size))
-            }));
+                left.take(size).then_some((hash, size))
+            });
+            self.session
+                .read_leases()
+                .lock()
+                .record_hashed(end, granted);
         }
         let results: Vec<CodeResult<bool>> = found
             .into_iter()
