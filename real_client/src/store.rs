@@ -320,24 +320,30 @@ impl Store {
             }
         }
         let started = self.master.put_start_many(&starts, config, mode).await;
-        // Copies into this node's segment happen now; copies to peers are collected and
-        // then pipelined, one connection per peer for the whole batch.
-        let mut to_peers = Vec::new();
-        let mut copied = Vec::with_capacity(started.len());
-        let mut revoked = Vec::new();
+        let mut accepted = Vec::with_capacity(started.len());
         for ((index, (key, _)), outcome) in positions.into_iter().zip(starts).zip(started) {
             match outcome {
-                Ok(started) => {
-                    match self.write_replicas(&started, &items[index].1, index, &mut to_peers) {
-                        Ok(()) => copied.push((index, key, started.write_id)),
-                        Err(code) => {
-                            results[index] = Err(code);
-                            revoked.push((key, started.write_id));
-                        }
-                    }
-                }
+                Ok(started) => accepted.push((index, key, started)),
                 Err(ErrorCode::OBJECT_ALREADY_EXISTS) if mode == WriteMode::Put => {}
                 Err(code) => results[index] = Err(code),
+            }
+        }
+        // Copies into this node's segment happen now; copies to peers are collected and
+        // then pipelined, one connection per peer for the whole batch.
+        let written = self.write_started(&accepted, items);
+        let mut to_peers = Vec::new();
+        let mut copied = Vec::with_capacity(accepted.len());
+        let mut revoked = Vec::new();
+        for ((index, key, started), outcome) in accepted.into_iter().zip(written) {
+            match outcome {
+                Ok(peer_writes) => {
+                    to_peers.extend(peer_writes);
+                    copied.push((index, key, started.write_id));
+                }
+                Err(code) => {
+                    results[index] = Err(code);
+                    revoked.push((key, started.write_id));
+                }
             }
         }
         let failed = self.write_to_peers(&to_peers);
@@ -364,6 +370,30 @@ impl Store {
             }
         }
         results
+    }
+
+    /// Runs [`write_replicas`](Self::write_replicas) for every started `(item, key,
+    /// write)`, answering each item's copies bound for peers. A batch of host memory
+    /// is shared out across the copy threads ([`mooncake_shm::map_items`]); GPU
+    /// memory is copied on this thread, where its driver context is.
+    fn write_started(
+        &self,
+        accepted: &[(usize, &str, PutStarted)],
+        items: &[(&str, Payload<'_>)],
+    ) -> Vec<CodeResult<Vec<PeerWrite>>> {
+        let write = |(item, _, started): &(usize, &str, PutStarted)| {
+            let mut to_peers = Vec::new();
+            self.write_replicas(started, &items[*item].1, *item, &mut to_peers)
+                .map(|()| to_peers)
+        };
+        let payloads = || accepted.iter().map(|(item, _, _)| &items[*item].1);
+        if payloads().any(|payload| payload.device_api().is_some()) {
+            return accepted.iter().map(write).collect();
+        }
+        let bytes = payloads()
+            .map(|payload| payload.total_len().unwrap_or(0))
+            .fold(0u64, u64::saturating_add);
+        mooncake_shm::map_items(accepted.len(), bytes, |index| write(&accepted[index]))
     }
 
     /// Copies `payload` into every replica of a started write in this node's segment,
@@ -558,19 +588,48 @@ impl Store {
             .map(|((_, dests), located)| self.plan_read(located?, |size| scatter(dests, size)))
             .collect();
         let copied_from_peers = self.read_from_peers(&planned);
-        items
-            .iter()
-            .zip(planned)
-            .enumerate()
-            .map(|(index, ((key, _), planned))| {
-                let planned = planned?;
-                // Not for a peer, or its peer failed: replica by replica.
-                if !copied_from_peers.contains(&index) {
-                    self.copy_planned(&self.master.scope(key), &planned)?;
-                }
-                planned.finish(before)
-            })
-            .collect()
+        let finish = |index: usize| {
+            let planned = planned[index].as_ref().map_err(|code| *code)?;
+            // Not for a peer, or its peer failed: replica by replica.
+            if !copied_from_peers.contains(&index) {
+                self.copy_planned(&self.master.scope(items[index].0), planned)?;
+            }
+            planned.finish(before)
+        };
+        match self.local_host_bytes(&planned, &copied_from_peers) {
+            Some(bytes) => mooncake_shm::map_items(items.len(), bytes, finish),
+            None => (0..items.len()).map(finish).collect(),
+        }
+    }
+
+    /// The bytes the planned reads left to copy here will move, when every one of them
+    /// is a plain memory copy (from this node's segment into host memory) that may run
+    /// on any thread; `None` when some read goes to a disk, a peer or a GPU.
+    fn local_host_bytes(
+        &self,
+        planned: &[CodeResult<PlannedRead>],
+        copied_from_peers: &std::collections::HashSet<usize>,
+    ) -> Option<u64> {
+        let mut bytes = 0u64;
+        for (index, planned) in planned.iter().enumerate() {
+            let Ok(planned) = planned else { continue };
+            if copied_from_peers.contains(&index) {
+                continue;
+            }
+            let local = matches!(
+                planned.replicas.first().map(|r| self.place(r)),
+                Some(Ok(Place::Local(_)))
+            );
+            let host = planned
+                .pieces
+                .iter()
+                .all(|(_, dest)| dest.device_api().is_none());
+            if !(local && host) {
+                return None;
+            }
+            bytes = bytes.saturating_add(planned.size);
+        }
+        Some(bytes)
     }
 
     /// Copies, per peer and pipelined, every planned read whose first replica is in a
