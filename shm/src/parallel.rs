@@ -17,6 +17,10 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, mpsc};
 /// Smallest piece of a split memcpy (so memcpys of 1 MiB or more are split).
 pub(crate) const MEMCPY_PIECE: usize = 512 << 10;
 
+/// How long a caller that has run out of pieces spins for the pieces helpers are still
+/// copying before it sleeps: about one 512 KiB piece's copy on a slow machine.
+const SPIN_FOR_PIECES: std::time::Duration = std::time::Duration::from_micros(100);
+
 /// Items of a batch at least this large on average are not shared out item by item
 /// ([`for_each_item`]): each splits its own copy instead.
 const SPLIT_ITEM_BYTES: u64 = 8 * MEMCPY_PIECE as u64;
@@ -35,7 +39,12 @@ struct Job {
     work: *const PieceWork<'static>,
     pieces: usize,
     next: AtomicUsize,
-    finished: Mutex<(usize, std::io::Result<()>)>,
+    /// Pieces finished, read without a lock by a caller that spins for the last ones.
+    done: AtomicUsize,
+    /// The first failure, if any.
+    failure: Mutex<Option<std::io::Error>>,
+    /// Taken to sleep on `all_done`, and by the last piece before it notifies.
+    sleeping: Mutex<()>,
     all_done: Condvar,
 }
 
@@ -60,15 +69,41 @@ impl Job {
                 (*self.work)(index)
             }))
             .unwrap_or_else(|_| Err(std::io::Error::other("a piece of a split job panicked")));
-            let mut finished = self.finished.lock().unwrap_or_else(PoisonError::into_inner);
-            finished.0 += 1;
-            if let (Err(error), Ok(())) = (outcome, &finished.1) {
-                finished.1 = Err(error);
+            if let Err(error) = outcome {
+                let mut failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
+                failure.get_or_insert(error);
             }
-            if finished.0 == self.pieces {
+            if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.pieces {
+                let _sleeping = self.sleeping.lock().unwrap_or_else(PoisonError::into_inner);
                 self.all_done.notify_all();
             }
         }
+    }
+
+    /// Waits for every piece to finish: spinning for up to [`SPIN_FOR_PIECES`] (the
+    /// pieces left were started by helpers and end within one piece's copy, sooner
+    /// than a sleeping thread wakes up on a virtual machine), then sleeping.
+    fn wait(&self) -> std::io::Result<()> {
+        let spin_until = std::time::Instant::now() + SPIN_FOR_PIECES;
+        while self.done.load(Ordering::Acquire) < self.pieces
+            && std::time::Instant::now() < spin_until
+        {
+            std::hint::spin_loop();
+        }
+        let mut sleeping = self.sleeping.lock().unwrap_or_else(PoisonError::into_inner);
+        while self.done.load(Ordering::Acquire) < self.pieces {
+            sleeping = self
+                .all_done
+                .wait(sleeping)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        drop(sleeping);
+        let failure = self
+            .failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        failure.map_or(Ok(()), Err)
     }
 }
 
@@ -121,7 +156,9 @@ fn run_pieces(pieces: usize, threads: usize, work: &PieceWork<'_>) -> std::io::R
         work: erased,
         pieces,
         next: AtomicUsize::new(0),
-        finished: Mutex::new((0, Ok(()))),
+        done: AtomicUsize::new(0),
+        failure: Mutex::new(None),
+        sleeping: Mutex::new(()),
         all_done: Condvar::new(),
     });
     {
@@ -135,14 +172,7 @@ fn run_pieces(pieces: usize, threads: usize, work: &PieceWork<'_>) -> std::io::R
         }
     }
     job.run();
-    let mut finished = job.finished.lock().unwrap_or_else(PoisonError::into_inner);
-    while finished.0 < pieces {
-        finished = job
-            .all_done
-            .wait(finished)
-            .unwrap_or_else(PoisonError::into_inner);
-    }
-    std::mem::replace(&mut finished.1, Ok(()))
+    job.wait()
 }
 
 /// Runs `copy(offset, len)` over `0..len` in page-aligned pieces of at least
