@@ -33,7 +33,8 @@ pub enum Connection {
 }
 
 /// A cluster primary as `(host, port)`; `("", 0)` stands for the single server.
-type Primary = (String, u16);
+/// A primary's `(host, port)`.
+pub type Primary = (String, u16);
 
 /// Connects: a list of nodes is a cluster; a single URL is a cluster when the node says
 /// so. Returns the connection and the store's capacity.
@@ -279,6 +280,29 @@ fn primary_of_range(range: &Value) -> Option<Primary> {
     Some((host, port))
 }
 
+/// What this backend reads from one server reply (`bytes`: RESP, as a server sends it):
+/// the primaries of a `CLUSTER SLOTS` reply, the `maxmemory` of an `INFO` reply, and the
+/// cursor and key count of a `SCAN` reply, each `None` or empty when the reply is not
+/// of that shape. For the fuzz target: no reply may make any of it panic.
+#[cfg(any(test, feature = "test-utils"))]
+pub fn read_reply(bytes: &[u8]) -> (Vec<Primary>, Option<u64>, Option<(u64, usize)>) {
+    use redis::FromRedisValue;
+    let Ok(value) = redis::parse_redis_value(bytes) else {
+        return (Vec::new(), None, None);
+    };
+    let primaries = match &value {
+        Value::Array(ranges) => ranges.iter().filter_map(primary_of_range).collect(),
+        _ => Vec::new(),
+    };
+    let maxmemory = String::from_redis_value(value.clone())
+        .ok()
+        .and_then(|text| info_field(&text, "maxmemory"));
+    let scan = <(u64, Vec<Vec<u8>>)>::from_redis_value(value)
+        .ok()
+        .map(|(next, keys)| (next, keys.len()));
+    (primaries, maxmemory, scan)
+}
+
 /// `prefix*` as a `SCAN MATCH` pattern, the prefix's glob characters escaped.
 fn match_prefix(prefix: &[u8]) -> Vec<u8> {
     let mut pattern = Vec::with_capacity(prefix.len() + 1);
@@ -300,6 +324,52 @@ mod tests {
     fn scan_patterns_escape_glob_characters() {
         assert_eq!(match_prefix(b"ns/"), b"ns/*");
         assert_eq!(match_prefix(b"a*b?[c]\\"), b"a\\*b\\?\\[c\\]\\\\*");
+    }
+
+    #[test]
+    fn replies_are_read_by_shape_and_garbage_reads_as_nothing() {
+        let slots = b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:7000\r\n";
+        let (primaries, maxmemory, scan) = read_reply(slots);
+        assert_eq!(primaries, vec![("127.0.0.1".to_string(), 7000)]);
+        assert_eq!((maxmemory, scan), (None, None));
+        let text = "# Memory\r\nmaxmemory:4096\r\n";
+        let info = format!("${}\r\n{text}\r\n", text.len());
+        assert_eq!(read_reply(info.as_bytes()).1, Some(4096));
+        let page = b"*2\r\n$2\r\n17\r\n*2\r\n$1\r\na\r\n$1\r\nb\r\n";
+        assert_eq!(read_reply(page).2, Some((17, 2)));
+        for garbage in [
+            &b""[..],
+            b"*-5\r\n",
+            b"*1\r\n*3\r\n:0\r\n",
+            b"$99999999999\r\n",
+            b"\xff\xfe",
+        ] {
+            let (primaries, _, _) = read_reply(garbage);
+            assert!(primaries.is_empty());
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn no_reply_panics_the_redis_reply_readers(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+        ) {
+            read_reply(&bytes);
+        }
+
+        #[test]
+        fn mutated_cluster_slots_replies_read_or_fail_cleanly(
+            at in 0usize..64,
+            byte in proptest::prelude::any::<u8>(),
+        ) {
+            let mut slots = b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:7000\r\n".to_vec();
+            let at = at % slots.len();
+            slots[at] = byte;
+            // The reply names one range: a damaged one reads as that range or none.
+            proptest::prop_assert!(read_reply(&slots).0.len() <= 1);
+        }
     }
 
     #[test]

@@ -22,6 +22,8 @@ use redis::{Cmd, RedisError, Value};
 
 pub use address::{Address, CA_VARIABLE, SetupError, URL_VARIABLE, hide_password};
 use connection::{Connection, connect};
+#[cfg(any(test, feature = "test-utils"))]
+pub use connection::{Primary, read_reply};
 
 use super::{DkvClient, DkvError, GetInto, ScanPage};
 
