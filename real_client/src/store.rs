@@ -596,40 +596,54 @@ impl Store {
             }
             planned.finish(before)
         };
-        match self.local_host_bytes(&planned, &copied_from_peers) {
-            Some(bytes) => mooncake_shm::map_items(items.len(), bytes, finish),
-            None => (0..items.len()).map(finish).collect(),
-        }
+        let Some((bytes, sources)) = self.local_host_sources(&planned, &copied_from_peers) else {
+            return (0..items.len()).map(finish).collect();
+        };
+        // Plain memory copies from slices resolved here: nothing on the copy threads
+        // looks at the segment's state, a peer, a disk or a GPU.
+        mooncake_shm::map_items(items.len(), bytes, |index| {
+            let planned = planned[index].as_ref().map_err(|code| *code)?;
+            if let Some(source) = &sources[index] {
+                copy_local(source, &planned.pieces)?;
+            }
+            planned.finish(before)
+        })
     }
 
-    /// The bytes the planned reads left to copy here will move, when every one of them
-    /// is a plain memory copy (from this node's segment into host memory) that may run
-    /// on any thread; `None` when some read goes to a disk, a peer or a GPU.
-    fn local_host_bytes(
+    /// When every planned read left to copy here is a plain memory copy (from this
+    /// node's segment into host memory): the bytes they move and, per item, the slice
+    /// of the segment to copy from (`None`: nothing to copy here). `None` when some
+    /// read goes to a disk, a peer or a GPU.
+    fn local_host_sources(
         &self,
         planned: &[CodeResult<PlannedRead>],
         copied_from_peers: &std::collections::HashSet<usize>,
-    ) -> Option<u64> {
+    ) -> Option<(u64, Vec<Option<MemSlice>>)> {
         let mut bytes = 0u64;
+        let mut sources = Vec::with_capacity(planned.len());
         for (index, planned) in planned.iter().enumerate() {
-            let Ok(planned) = planned else { continue };
-            if copied_from_peers.contains(&index) {
-                continue;
-            }
-            let local = matches!(
-                planned.replicas.first().map(|r| self.place(r)),
-                Some(Ok(Place::Local(_)))
-            );
-            let host = planned
+            let planned = match planned {
+                Ok(planned) if !copied_from_peers.contains(&index) => planned,
+                _ => {
+                    sources.push(None);
+                    continue;
+                }
+            };
+            let Some(Ok(Place::Local(source))) = planned.replicas.first().map(|r| self.place(r))
+            else {
+                return None;
+            };
+            if planned
                 .pieces
                 .iter()
-                .all(|(_, dest)| dest.device_api().is_none());
-            if !(local && host) {
+                .any(|(_, dest)| dest.device_api().is_some())
+            {
                 return None;
             }
             bytes = bytes.saturating_add(planned.size);
+            sources.push(Some(source));
         }
-        Some(bytes)
+        Some((bytes, sources))
     }
 
     /// Copies, per peer and pipelined, every planned read whose first replica is in a
@@ -749,6 +763,17 @@ impl PlannedRead {
     }
 }
 
+/// Copies `(object offset, destination)` pieces from a replica in this node's segment.
+fn copy_local(source: &MemSlice, pieces: &[(u64, Region)]) -> CodeResult<()> {
+    for (offset, dest) in pieces {
+        let part = source
+            .sub(*offset, dest.len())
+            .ok_or(ErrorCode::INVALID_PARAMS)?;
+        dest.fill_from(&part)?;
+    }
+    Ok(())
+}
+
 /// The `(object offset, destination)` pieces that fill `dests` in order with an object
 /// of `size` bytes; `BUFFER_OVERFLOW` when they hold less.
 fn scatter(dests: &[Region], size: u64) -> CodeResult<Vec<(u64, Region)>> {
@@ -834,15 +859,7 @@ impl Store {
                     )?),
                 }
             }),
-            Place::Local(source) => {
-                for (offset, dest) in pieces {
-                    let part = source
-                        .sub(*offset, dest.len())
-                        .ok_or(ErrorCode::INVALID_PARAMS)?;
-                    dest.fill_from(&part)?;
-                }
-                Ok(())
-            }
+            Place::Local(source) => copy_local(&source, pieces),
             Place::Remote {
                 endpoint,
                 segment,

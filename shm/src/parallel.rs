@@ -43,6 +43,8 @@ struct Job {
     done: AtomicUsize,
     /// The first failure, if any.
     failure: Mutex<Option<std::io::Error>>,
+    /// The first panic of a piece, carried to the caller, which resumes it.
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
     /// Taken to sleep on `all_done`, and by the last piece before it notifies.
     sleeping: Mutex<()>,
     all_done: Condvar,
@@ -63,12 +65,17 @@ impl Job {
                 return;
             }
             // SAFETY: a piece was claimed, so the caller is still waiting for it and
-            // its closure is alive (see `Job::work`). A panic is counted as a failed
-            // piece, so that the caller never waits for a piece that will not finish.
+            // its closure is alive (see `Job::work`). A panic finishes the piece too
+            // (the caller never waits for a piece that will not finish) and goes to
+            // the caller, which resumes it once every piece is done.
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
                 (*self.work)(index)
             }))
-            .unwrap_or_else(|_| Err(std::io::Error::other("a piece of a split job panicked")));
+            .unwrap_or_else(|payload| {
+                let mut panic = self.panic.lock().unwrap_or_else(PoisonError::into_inner);
+                panic.get_or_insert(payload);
+                Ok(())
+            });
             if let Err(error) = outcome {
                 let mut failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
                 failure.get_or_insert(error);
@@ -98,6 +105,14 @@ impl Job {
                 .unwrap_or_else(PoisonError::into_inner);
         }
         drop(sleeping);
+        let panic = self
+            .panic
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(payload) = panic {
+            std::panic::resume_unwind(payload);
+        }
         let failure = self
             .failure
             .lock()
@@ -158,6 +173,7 @@ fn run_pieces(pieces: usize, threads: usize, work: &PieceWork<'_>) -> std::io::R
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
         failure: Mutex::new(None),
+        panic: Mutex::new(None),
         sleeping: Mutex::new(()),
         all_done: Condvar::new(),
     });
@@ -232,7 +248,8 @@ pub fn map_items<T: Send>(count: usize, bytes: u64, work: impl Fn(usize) -> T + 
     answers
         .into_iter()
         .enumerate()
-        // Every item ran above; `work` again only if one somehow did not.
+        // Every item ran above (a panic in one was resumed before this point); `work`
+        // again only if one somehow did not.
         .map(|(index, answer)| {
             let answer = answer.into_inner().unwrap_or_else(PoisonError::into_inner);
             answer.unwrap_or_else(|| work(index))
@@ -303,6 +320,22 @@ mod tests {
                 "{count} items of {bytes} bytes"
             );
         }
+    }
+
+    #[test]
+    fn a_panic_in_an_item_reaches_the_caller_after_every_item_ran() {
+        let ran = AtomicUsize::new(0);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for_each_item(8, 8 << 20, &|index| {
+                ran.fetch_add(1, Ordering::Relaxed);
+                assert!(index != 3, "item 3 fails");
+            });
+        }));
+        assert!(outcome.is_err(), "the panic was swallowed");
+        assert_eq!(ran.load(Ordering::Relaxed), 8);
+        // The copy threads survive it.
+        let answers = map_items(8, 8 << 20, |index| index + 1);
+        assert_eq!(answers, (1..=8).collect::<Vec<_>>());
     }
 
     #[test]

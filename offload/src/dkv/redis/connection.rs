@@ -260,7 +260,8 @@ fn fingerprint(primaries: &[Primary]) -> u64 {
     (hash ^ (hash >> 16) ^ (hash >> 32) ^ (hash >> 48)) & 0xffff
 }
 
-/// The primary's `(host, port)` of one `CLUSTER SLOTS` range.
+/// The primary's `(host, port)` of one `CLUSTER SLOTS` range; `None` when the range
+/// names none.
 fn primary_of_range(range: &Value) -> Option<Primary> {
     let Value::Array(fields) = range else {
         return None;
@@ -277,7 +278,9 @@ fn primary_of_range(range: &Value) -> Option<Primary> {
         Value::Int(port) => u16::try_from(*port).ok()?,
         _ => return None,
     };
-    Some((host, port))
+    // An empty host or port 0 names no node (and an empty host is the placeholder of
+    // a single server).
+    (!host.is_empty() && port != 0).then_some((host, port))
 }
 
 /// What this backend reads from one server reply (`bytes`: RESP, as a server sends it):
@@ -337,6 +340,11 @@ mod tests {
         assert_eq!(read_reply(info.as_bytes()).1, Some(4096));
         let page = b"*2\r\n$2\r\n17\r\n*2\r\n$1\r\na\r\n$1\r\nb\r\n";
         assert_eq!(read_reply(page).2, Some((17, 2)));
+        let nameless = b"*1\r\n*3\r\n_\r\n_\r\n*2\r\n+\r\n:0\r\n";
+        assert!(
+            read_reply(nameless).0.is_empty(),
+            "an empty host and port 0 name no node"
+        );
         for garbage in [
             &b""[..],
             b"*-5\r\n",
@@ -356,7 +364,10 @@ mod tests {
         fn no_reply_panics_the_redis_reply_readers(
             bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
         ) {
-            read_reply(&bytes);
+            for (host, port) in read_reply(&bytes).0 {
+                proptest::prop_assert!(!host.is_empty() && port != 0);
+                proptest::prop_assert!(bytes.windows(host.len()).any(|w| w == host.as_bytes()));
+            }
         }
 
         #[test]
