@@ -219,9 +219,10 @@ pub(crate) fn split_copy(
 /// hand-off to another thread costs more than it saves), else on this thread and the
 /// helper threads, each taking the next item not yet taken, so a batch of many
 /// medium-sized copies pays one hand-off instead of one per copy (items of
-/// [`SPLIT_ITEM_BYTES`] or more on average run here in turn, each split on its own). Returns once every
-/// item has run. `work` must not block on anything but its own copies.
-pub fn for_each_item(count: usize, bytes: u64, work: &(dyn Fn(usize) + Sync)) {
+/// [`SPLIT_ITEM_BYTES`] or more on average run here in turn, each split on its own).
+/// Returns once every item has run. `work` must not block on anything but its own
+/// copies.
+pub(crate) fn for_each_item(count: usize, bytes: u64, work: &(dyn Fn(usize) + Sync)) {
     let threads = helpers_for(count, bytes);
     if threads <= 1 {
         (0..count).for_each(work);
@@ -233,7 +234,9 @@ pub fn for_each_item(count: usize, bytes: u64, work: &(dyn Fn(usize) + Sync)) {
     });
 }
 
-/// [`for_each_item`] that keeps what each item answers: one value per item, in order.
+/// Runs `work(index)` for every item of a batch that moves `bytes` in all, shared out
+/// across the copy threads as [`for_each_item`] says, and answers what each item
+/// returned: one value per item, in order.
 pub fn map_items<T: Send>(count: usize, bytes: u64, work: impl Fn(usize) -> T + Sync) -> Vec<T> {
     if helpers_for(count, bytes) <= 1 {
         return (0..count).map(work).collect();
