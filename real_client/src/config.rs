@@ -67,6 +67,9 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
     FlagSpec::value("max_hard_pinned_bytes_per_dummy", None, "most bytes of hard-pinned objects one dummy may hold (default: --global_segment_size, or physical memory for a pure client)").ours(),
     FlagSpec::value("max_read_leased_bytes_per_dummy", None, "most bytes of objects one dummy may hold read leases on; its further reads wait for its oldest leases to lapse (default: half of --global_segment_size, or of physical memory for a pure client)").ours(),
     FlagSpec::value("default_kv_lease_ttl", Some("10000"), "read lease of the embedded master in ms (or 10s, 500ms)").ours(),
+    FlagSpec::value("read_cache_ms", Some("1000"), "how long a read of an object in this node's segment reuses the replica list of an earlier read (at most half the read lease; 0: always ask the master)")
+        .env("MOONCAKE_READ_CACHE_MS")
+        .ours(),
     FlagSpec::value("threads", Some("0"), "worker threads; 0 means one per core")
         .compat(Compat::Differs("threads of the async runtime; default 0 = one per core (upstream: 1)")),
     FlagSpec::value("tenant_id", Some("default"), "tenant whose key space this node serves (1-64 of A-Z a-z 0-9 _ - .)")
@@ -127,6 +130,9 @@ pub struct RealClientConfig {
     /// Most bytes of objects one dummy may hold read leases on (`None`: see
     /// [`read_lease_quota`](Self::read_lease_quota)).
     pub max_read_leased_bytes_per_dummy: Option<u64>,
+    /// How long a read of an object in this node's segment reuses the replica list of an
+    /// earlier read (`--read_cache_ms`; zero: never; see [`crate::read_cache`]).
+    pub read_cache: Duration,
     /// Worker threads (0: one per core).
     pub threads: usize,
     /// Tenant id.
@@ -287,6 +293,9 @@ impl RealClientConfig {
                 .unwrap_or(DEFAULT_MAX_DUMMY_SESSIONS),
             max_hard_pinned_bytes_per_dummy: flags.size("max_hard_pinned_bytes_per_dummy")?,
             max_read_leased_bytes_per_dummy: flags.size("max_read_leased_bytes_per_dummy")?,
+            read_cache: flags
+                .duration("read_cache_ms", true)?
+                .unwrap_or(crate::read_cache::DEFAULT_READ_CACHE),
             threads: flags.number("threads")?.unwrap_or(0),
             tenant_id: tenant_flag(flags)?,
             master_address,

@@ -31,6 +31,7 @@ pub mod in_process;
 mod liveness;
 pub mod master_link;
 pub mod metrics;
+pub mod read_cache;
 pub mod read_leases;
 pub mod region;
 pub mod rpc;
@@ -258,7 +259,7 @@ impl RealClient {
                 (master, None, instance_id, secret)
             }
         };
-        let master = MasterLink::new(master, tenant);
+        let master = MasterLink::new(master, tenant, config.read_cache);
         let contributes = config.global_segment_size > 0;
         if !contributes {
             tracing::info!(

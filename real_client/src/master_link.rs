@@ -4,7 +4,7 @@
 //! [`RemoteMaster`](mooncake_core::master_api::RemoteMaster), which reconnects on its own.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master_api::{
@@ -15,6 +15,8 @@ use mooncake_core::protocol::rpc::WriteMode;
 use mooncake_core::tenant::Tenant;
 use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
+use crate::read_cache::{Located, Lookup, ReadCache};
+
 /// The master a real client uses, for the keys of one tenant.
 #[derive(Debug, Clone)]
 pub struct MasterLink {
@@ -24,6 +26,9 @@ pub struct MasterLink {
     unscoped: bool,
     /// Lease asked for by reads (`None`: the master's default).
     read_lease: Option<Duration>,
+    /// Replica lists of recent reads of objects in this node's segment (shared by
+    /// every view of this link).
+    reads: Arc<ReadCache>,
 }
 
 /// The only result of a batch of one.
@@ -35,14 +40,22 @@ fn first<T>(results: Vec<CodeResult<T>>) -> CodeResult<T> {
 }
 
 impl MasterLink {
-    /// A link to `master` for the keys of `tenant`.
-    pub fn new(master: Arc<dyn Master>, tenant: Tenant) -> Self {
+    /// A link to `master` for the keys of `tenant`, whose reads of objects in this
+    /// node's segment reuse a replica list for up to `read_cache` (see
+    /// [`crate::read_cache`]; zero: never).
+    pub fn new(master: Arc<dyn Master>, tenant: Tenant, read_cache: Duration) -> Self {
         MasterLink {
             master,
             tenant,
             unscoped: false,
             read_lease: None,
+            reads: Arc::new(ReadCache::new(read_cache)),
         }
+    }
+
+    /// The read cache of this link.
+    pub fn read_cache(&self) -> &ReadCache {
+        &self.reads
     }
 
     /// The same master, for keys that are the master's own (tenant-scoped already),
@@ -108,6 +121,8 @@ impl MasterLink {
         capacity: u64,
         endpoint: &str,
     ) -> CodeResult<SegmentId> {
+        // A master that asks for a mount knows nothing of this segment's objects.
+        self.reads.clear();
         self.master
             .mount_segment(client, name.to_string(), capacity, endpoint.to_string())
             .await
@@ -115,6 +130,7 @@ impl MasterLink {
 
     /// Unmounts everything `client` mounted.
     pub async fn unmount_client(&self, client: u128) -> CodeResult<()> {
+        self.reads.clear();
         self.master.unmount_client(client).await
     }
 
@@ -142,6 +158,9 @@ impl MasterLink {
         mode: WriteMode,
     ) -> Vec<CodeResult<PutStarted>> {
         let items = self.scope_items(items);
+        if mode == WriteMode::Upsert {
+            self.reads.forget(items.iter().map(|(key, _)| key.as_str()));
+        }
         self.master.put_start(items, config.clone(), mode).await
     }
 
@@ -152,7 +171,12 @@ impl MasterLink {
 
     /// Completes writes named by `(key, write id)`: one round trip per batch.
     pub async fn put_end_many(&self, items: &[(&str, u64)]) -> Vec<CodeResult<()>> {
-        self.master.put_end(self.scope_items(items)).await
+        let items = self.scope_items(items);
+        let results = self.master.put_end(items.clone()).await;
+        // A version read before this write (an upsert's, or one removed by another
+        // client since) is stale.
+        self.reads.forget(items.iter().map(|(key, _)| key.as_str()));
+        results
     }
 
     /// Abandons a write.
@@ -168,6 +192,57 @@ impl MasterLink {
     /// Replicas and lease of a readable object.
     pub async fn get_replica_list(&self, key: &str) -> CodeResult<LeasedReplicas> {
         first(self.get_replica_lists(&[key]).await)
+    }
+
+    /// Replicas, lease and asking time of each readable object, for a read: one master
+    /// round trip for the keys not in the read cache. A kept list is used only if
+    /// `keep` still accepts its replicas; a list from the master that `keep` accepts is
+    /// kept.
+    pub async fn locate(
+        &self,
+        keys: &[&str],
+        keep: impl Fn(&[ReplicaDescriptor]) -> bool,
+    ) -> Vec<CodeResult<Located>> {
+        let now = Instant::now();
+        let scoped: Vec<std::borrow::Cow<'_, str>> = keys.iter().map(|k| self.scope(k)).collect();
+        let mut found: Vec<CodeResult<Located>> = Vec::with_capacity(keys.len());
+        let mut missing = Vec::new();
+        for (index, key) in scoped.iter().enumerate() {
+            match self.reads.lookup(key, now, |l| keep(&l.replicas)) {
+                Lookup::Hit(located) => found.push(Ok(located)),
+                Lookup::Miss(ask) => {
+                    found.push(Err(ErrorCode::RPC_FAIL));
+                    missing.push((index, ask));
+                }
+            }
+        }
+        if missing.is_empty() {
+            return found;
+        }
+        let asked: Vec<String> = missing
+            .iter()
+            .map(|&(index, _)| scoped[index].to_string())
+            .collect();
+        let mut answers = self
+            .master
+            .get_replica_list(asked, self.read_lease)
+            .await
+            .into_iter();
+        for (index, ask) in missing {
+            let answer = answers.next().unwrap_or(Err(ErrorCode::RPC_FAIL));
+            let located = answer.map(|(replicas, lease)| Located {
+                replicas,
+                lease,
+                asked_at: now,
+            });
+            let kept = located
+                .as_ref()
+                .ok()
+                .filter(|l| ask.is_some() && keep(&l.replicas));
+            self.reads.keep(&scoped[index], ask, kept);
+            found[index] = located;
+        }
+        found
     }
 
     /// Replicas and lease of each readable object: one round trip per batch.
@@ -198,19 +273,32 @@ impl MasterLink {
 
     /// Removes objects.
     pub async fn remove(&self, keys: Vec<String>, force: bool) -> Vec<CodeResult<()>> {
-        self.master.remove(self.scope_all(keys), force).await
+        let keys = self.scope_all(keys);
+        self.reads.forget(keys.iter().map(String::as_str));
+        let results = self.master.remove(keys.clone(), force).await;
+        // A read asked for before the removal and finished after it kept nothing (the
+        // generation changed); one finished before it is forgotten here.
+        self.reads.forget(keys.iter().map(String::as_str));
+        results
     }
 
     /// Removes this tenant's objects matching a regex.
     pub async fn remove_by_regex(&self, pattern: String, force: bool) -> CodeResult<u64> {
-        self.master
+        self.reads.clear();
+        let removed = self
+            .master
             .remove_by_regex(self.tenant.clone(), pattern, force)
-            .await
+            .await;
+        self.reads.clear();
+        removed
     }
 
     /// Removes every object of this tenant.
     pub async fn remove_all(&self, force: bool) -> CodeResult<u64> {
-        self.master.remove_all(self.tenant.clone(), force).await
+        self.reads.clear();
+        let removed = self.master.remove_all(self.tenant.clone(), force).await;
+        self.reads.clear();
+        removed
     }
 
     /// Creates a copy task.

@@ -128,6 +128,7 @@ impl ServerState {
             segment_bytes: self.store.segment().memory.len() as u64,
             segment_resident_bytes: self.store.segment().memory.resident_bytes(),
             staged_bytes: self.metrics.staged_bytes(),
+            read_cache_hits: self.store.master().read_cache().hits(),
             device_handles: mooncake_device::driver::open_handles(),
             segment_pinned_bytes: crate::device_buffers::segment_pinned_bytes(),
         }

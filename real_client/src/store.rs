@@ -21,6 +21,7 @@ use mooncake_shm::MemSlice;
 use crate::bounce::BouncePool;
 use crate::disk::DiskTier;
 use crate::master_link::MasterLink;
+use crate::read_cache::Located;
 use crate::region::Region;
 use crate::transfer::TransferClient;
 use crate::transfer::client::Transfer;
@@ -569,9 +570,12 @@ impl Store {
         key: &str,
         plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, Region)>>,
     ) -> CodeResult<u64> {
-        let before = Instant::now();
-        let located = link.get_replica_list(key).await?;
-        self.read_located(&link.scope(key), located, before, plan)
+        let located = link
+            .locate(&[key], |replicas| self.own_replica(replicas).is_some())
+            .await
+            .pop()
+            .unwrap_or(Err(ErrorCode::RPC_FAIL))?;
+        self.read_located(&link.scope(key), located, plan)
     }
 
     /// Copies each object into its destinations as
@@ -579,9 +583,11 @@ impl Store {
     /// whole batch; the copies from each peer are pipelined on one connection. One
     /// result (the object size) per item, in order.
     pub async fn get_scatter_many(&self, items: &[(&str, Vec<Region>)]) -> Vec<CodeResult<u64>> {
-        let before = Instant::now();
         let keys: Vec<&str> = items.iter().map(|(key, _)| *key).collect();
-        let located = self.master.get_replica_lists(&keys).await;
+        let located = self
+            .master
+            .locate(&keys, |replicas| self.own_replica(replicas).is_some())
+            .await;
         let planned: Vec<CodeResult<PlannedRead>> = items
             .iter()
             .zip(located)
@@ -594,7 +600,7 @@ impl Store {
             if !copied_from_peers.contains(&index) {
                 self.copy_planned(&self.master.scope(items[index].0), planned)?;
             }
-            planned.finish(before)
+            planned.finish()
         };
         let Some((bytes, sources)) = self.local_host_sources(&planned, &copied_from_peers) else {
             return (0..items.len()).map(finish).collect();
@@ -606,7 +612,7 @@ impl Store {
             if let Some(source) = &sources[index] {
                 copy_local(source, &planned.pieces)?;
             }
-            planned.finish(before)
+            planned.finish()
         })
     }
 
@@ -697,24 +703,27 @@ impl Store {
         copied
     }
 
-    /// Copies from the replicas the master named (asked at `before`, with its lease).
+    /// Copies from the replicas the master named.
     fn read_located(
         &self,
         stored_key: &str,
-        located: (Vec<ReplicaDescriptor>, std::time::Duration),
-        before: Instant,
+        located: Located,
         plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, Region)>>,
     ) -> CodeResult<u64> {
         let planned = self.plan_read(located, plan)?;
         self.copy_planned(stored_key, &planned)?;
-        planned.finish(before)
+        planned.finish()
     }
 
     /// Orders the replicas (this node's first, then the peers' in the master's order)
     /// and asks `plan` for the pieces to copy.
     fn plan_read(
         &self,
-        (mut replicas, lease): (Vec<ReplicaDescriptor>, std::time::Duration),
+        Located {
+            mut replicas,
+            lease,
+            asked_at,
+        }: Located,
         plan: impl FnOnce(u64) -> CodeResult<Vec<(u64, Region)>>,
     ) -> CodeResult<PlannedRead> {
         replicas.sort_by_key(|r| !matches!(self.place(r), Ok(Place::Local(_))));
@@ -723,6 +732,7 @@ impl Store {
         Ok(PlannedRead {
             replicas,
             lease,
+            asked_at,
             size,
             pieces,
         })
@@ -743,20 +753,21 @@ impl Store {
     }
 }
 
-/// A read ready to copy: the replicas to try in order, the master's lease on them, the
-/// object size and the `(object offset, destination)` pieces.
+/// A read ready to copy: the replicas to try in order, the master's lease on them and
+/// when it was asked, the object size and the `(object offset, destination)` pieces.
 struct PlannedRead {
     replicas: Vec<ReplicaDescriptor>,
     lease: std::time::Duration,
+    asked_at: Instant,
     size: u64,
     pieces: Vec<(u64, Region)>,
 }
 
 impl PlannedRead {
-    /// The object size, once copied, if the lease (counted from `before`, when the
-    /// master was asked) still held: else the bytes may be stale (`LEASE_EXPIRED`).
-    fn finish(&self, before: Instant) -> CodeResult<u64> {
-        if before.elapsed() > self.lease {
+    /// The object size, once copied, if the lease (counted from when the master was
+    /// asked) still held: else the bytes may be stale (`LEASE_EXPIRED`).
+    fn finish(&self) -> CodeResult<u64> {
+        if self.asked_at.elapsed() > self.lease {
             return Err(ErrorCode::LEASE_EXPIRED);
         }
         Ok(self.size)

@@ -203,6 +203,10 @@ pub struct StatusReport {
     /// start (`mooncake_client_staged_bytes_total`): zero while every transfer is
     /// zero-copy.
     pub staged_bytes: u64,
+    /// Reads that copied with the replica list of an earlier read of this real client,
+    /// without asking the master (`mooncake_client_read_cache_hits_total`; see
+    /// `--read_cache_ms`).
+    pub read_cache_hits: u64,
     /// GPU allocations of dummies this process holds open (CUDA IPC handles).
     pub device_handles: u64,
     /// Bytes of the global segment pinned for GPU copies (`cuMemHostRegister` /

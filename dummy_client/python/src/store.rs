@@ -899,6 +899,7 @@ fn status_json(report: &mooncake_core::protocol::rpc::StatusReport) -> String {
         "segment_bytes": report.segment_bytes,
         "segment_resident_bytes": report.segment_resident_bytes,
         "staged_bytes": report.staged_bytes,
+        "read_cache_hits": report.read_cache_hits,
         "device_handles": report.device_handles,
         "segment_pinned_bytes": report.segment_pinned_bytes,
         "copied_through_staging_bytes": mooncake_dummy_client::copied_through_staging_bytes(),

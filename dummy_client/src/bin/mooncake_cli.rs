@@ -208,6 +208,10 @@ fn status(client: &DummyClient) -> Result<(), Failure> {
         format_size(report.mapped_bytes),
         format_size(report.staged_bytes)
     );
+    println!(
+        "reads        {} answered with the replica list of an earlier read (no master round trip)",
+        report.read_cache_hits
+    );
     if report.device_handles > 0 || report.segment_pinned_bytes > 0 {
         println!(
             "gpu          {} dummy allocations open (CUDA IPC), {} of the segment pinned",
