@@ -23,6 +23,7 @@ pub mod master_api;
 pub mod op_metrics;
 pub mod process;
 pub mod protocol;
+pub mod spin;
 pub mod tenant;
 pub mod types;
 pub mod units;

@@ -67,6 +67,9 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
     FlagSpec::value("max_hard_pinned_bytes_per_dummy", None, "most bytes of hard-pinned objects one dummy may hold (default: --global_segment_size, or physical memory for a pure client)").ours(),
     FlagSpec::value("max_read_leased_bytes_per_dummy", None, "most bytes of objects one dummy may hold read leases on; its further reads wait for its oldest leases to lapse (default: half of --global_segment_size, or of physical memory for a pure client)").ours(),
     FlagSpec::value("default_kv_lease_ttl", Some("10000"), "read lease of the embedded master in ms (or 10s, 500ms)").ours(),
+    FlagSpec::value("client_spin_us", Some("0"), "embedded mode: microseconds a call to a remote master polls for its answer before the calling thread sleeps (0: at once; at most 1000)")
+        .env("MOONCAKE_CLIENT_SPIN_US")
+        .ours(),
     FlagSpec::value("read_cache_ms", Some("1000"), "how long a read of an object in this node's segment reuses the replica list of an earlier read (at most half the read lease; 0: always ask the master)")
         .env("MOONCAKE_READ_CACHE_MS")
         .ours(),
@@ -133,6 +136,9 @@ pub struct RealClientConfig {
     /// How long a read of an object in this node's segment reuses the replica list of an
     /// earlier read (`--read_cache_ms`; zero: never; see [`crate::read_cache`]).
     pub read_cache: Duration,
+    /// How long a call of an application's thread to a remote master polls for its
+    /// answer before the thread sleeps (`--client_spin_us`; zero: at once).
+    pub caller_spin: Duration,
     /// Worker threads (0: one per core).
     pub threads: usize,
     /// Tenant id.
@@ -296,6 +302,8 @@ impl RealClientConfig {
             read_cache: flags
                 .duration("read_cache_ms", true)?
                 .unwrap_or(crate::read_cache::DEFAULT_READ_CACHE),
+            caller_spin: mooncake_core::spin::parse_spin(flags.string("client_spin_us").as_deref())
+                .map_err(|error| invalid("client_spin_us", error.to_string()))?,
             threads: flags.number("threads")?.unwrap_or(0),
             tenant_id: tenant_flag(flags)?,
             master_address,

@@ -254,7 +254,10 @@ impl RealClient {
                         secret.clone(),
                         mooncake_master::ha::follow::DEFAULT_FAILOVER_WAIT,
                     )),
-                    None => Arc::new(RemoteMaster::new(address.clone(), secret.clone())),
+                    None => Arc::new(
+                        RemoteMaster::new(address.clone(), secret.clone())
+                            .with_caller_spin(config.caller_spin),
+                    ),
                 };
                 (master, None, instance_id, secret)
             }

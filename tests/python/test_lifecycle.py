@@ -431,3 +431,24 @@ def test_client_spin_serves_calls_and_a_bad_value_fails_setup(start_client, monk
         refused = MooncakeDistributedStore()
         assert refused.setup_dummy(4 * MB, 4 * MB, client.address) != OK
         assert f'MOONCAKE_CLIENT_SPIN_US="{bad}" is not valid' in caplog.text
+
+
+def test_embedded_client_spin_on_master_calls_and_a_bad_value_fails_setup(start_master, monkeypatch, caplog):
+    master = start_master()
+    monkeypatch.setenv("MOONCAKE_CLIENT_SPIN_US", "200")
+    store = MooncakeDistributedStore()
+    assert store.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MB, 4 * MB, "tcp", "", master.address) == OK
+    try:
+        values = {f"espin-{i}": bytes([i]) * 4096 for i in range(32)}
+        assert store.put_batch(list(values), list(values.values())) == OK
+        assert [store.get(k) for k in values] == list(values.values())
+        assert store.batch_is_exist(list(values)) == [1] * 32
+        assert store.remove_all(True) >= 32
+    finally:
+        store.close()
+    for bad in ("fast", "1001"):
+        monkeypatch.setenv("MOONCAKE_CLIENT_SPIN_US", bad)
+        caplog.clear()
+        refused = MooncakeDistributedStore()
+        assert refused.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MB, 4 * MB, "tcp", "", master.address) != OK
+        assert f'MOONCAKE_CLIENT_SPIN_US="{bad}" is not valid' in caplog.text

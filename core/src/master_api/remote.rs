@@ -54,6 +54,9 @@ pub struct RemoteMaster {
     secret: Option<Arc<ClusterSecret>>,
     connection: Mutex<Option<Connection>>,
     blocking: parking_lot::Mutex<Vec<BlockingMaster>>,
+    /// How long a call on an application's thread polls for the answer before the
+    /// thread sleeps (see [`crate::spin`]).
+    caller_spin: std::time::Duration,
 }
 
 thread_local! {
@@ -118,7 +121,15 @@ impl RemoteMaster {
             secret,
             connection: Mutex::new(None),
             blocking: parking_lot::Mutex::new(Vec::new()),
+            caller_spin: std::time::Duration::ZERO,
         }
+    }
+
+    /// The same master, with calls on an application's thread polling up to `spin` for
+    /// their answer before the thread sleeps (`MOONCAKE_CLIENT_SPIN_US`).
+    pub fn with_caller_spin(mut self, spin: std::time::Duration) -> Self {
+        self.caller_spin = spin;
+        self
     }
 
     /// The master's address.
@@ -265,7 +276,9 @@ impl RemoteMaster {
             auth::authenticate_client(&mut stream, secret, auth::Channel::Master)
                 .map_err(|error| self.refused(&error))?;
         }
-        let mut client = BlockingClient::new(stream).map_err(|_| ErrorCode::RPC_FAIL)?;
+        let mut client = BlockingClient::new(stream)
+            .map_err(|_| ErrorCode::RPC_FAIL)?
+            .with_spin(self.caller_spin);
         let hello = MasterRpcRequest::Hello {
             version: MASTER_PROTOCOL_VERSION,
         };

@@ -40,6 +40,8 @@ pub enum BlockingCallError {
 pub struct BlockingClient<Req, Resp> {
     stream: TcpStream,
     next_id: u64,
+    /// How long a call polls for its answer before it sleeps (zero: it sleeps at once).
+    spin: Duration,
     types: PhantomData<fn(Req) -> Resp>,
 }
 
@@ -50,8 +52,16 @@ impl<Req: Serialize, Resp: for<'de> Deserialize<'de>> BlockingClient<Req, Resp> 
         Ok(BlockingClient {
             stream,
             next_id: 0,
+            spin: Duration::ZERO,
             types: PhantomData,
         })
+    }
+
+    /// The same client, polling up to `spin` for each answer before it sleeps (see
+    /// [`crate::spin`]).
+    pub fn with_spin(mut self, spin: Duration) -> Self {
+        self.spin = spin;
+        self
     }
 
     /// Sends `message` and waits at most `timeout` for its answer.
@@ -75,6 +85,7 @@ impl<Req: Serialize, Resp: for<'de> Deserialize<'de>> BlockingClient<Req, Resp> 
         self.stream
             .set_read_timeout(Some(timeout.max(Duration::from_millis(1))))?;
         self.stream.write_all(&frame)?;
+        self.spin_for_answer();
         let answer: Response<Resp> = self.read_frame()?;
         if answer.request_id != id {
             return Err(BlockingCallError::Malformed(format!(
@@ -83,6 +94,33 @@ impl<Req: Serialize, Resp: for<'de> Deserialize<'de>> BlockingClient<Req, Resp> 
             )));
         }
         answer.message.map_err(BlockingCallError::Server)
+    }
+
+    /// Polls the socket without sleeping for up to the configured spin, so that a quick
+    /// answer is read without waking a sleeping thread.
+    fn spin_for_answer(&self) {
+        if self.spin.is_zero() {
+            return;
+        }
+        use std::os::fd::AsRawFd;
+        let fd = self.stream.as_raw_fd();
+        let until = Instant::now() + self.spin;
+        let mut byte = 0u8;
+        loop {
+            // SAFETY: a one-byte peek into a local byte on a socket this client owns.
+            let got = unsafe {
+                libc::recv(
+                    fd,
+                    (&raw mut byte).cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            if got != -1 || Instant::now() >= until {
+                return;
+            }
+            std::hint::spin_loop();
+        }
     }
 
     fn read_frame<T: for<'de> Deserialize<'de>>(&mut self) -> Result<T, BlockingCallError> {
@@ -138,6 +176,46 @@ mod tests {
             matches!(error, BlockingCallError::Malformed(_)),
             "{error:?}"
         );
+        peer.join().expect("peer");
+    }
+
+    /// Answers each request read on `stream` with `Stats` after `delays[i]`.
+    fn answer_after(mut stream: TcpStream, delays: &[u64]) {
+        for (id, delay) in (1u64..).zip(delays) {
+            let mut prefix = [0u8; 4];
+            stream.read_exact(&mut prefix).expect("request");
+            let mut request = vec![0u8; u32::from_be_bytes(prefix) as usize];
+            stream.read_exact(&mut request).expect("request");
+            std::thread::sleep(Duration::from_micros(*delay));
+            let answer: Response<MasterRpcResponse> = Response {
+                request_id: id,
+                message: Ok(MasterRpcResponse::Stats(Ok(Default::default()))),
+            };
+            let payload = postcard::to_stdvec(&answer).expect("encode");
+            let len = u32::try_from(payload.len()).expect("small");
+            stream.write_all(&len.to_be_bytes()).expect("answer");
+            stream.write_all(&payload).expect("answer");
+        }
+    }
+
+    #[test]
+    fn a_spinning_call_gets_answers_that_come_during_or_after_the_spin() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = listener.local_addr().expect("address");
+        let delays = [0, 50, 3_000, 0];
+        let peer = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().expect("accept");
+            answer_after(stream, &delays);
+        });
+        let mut client = Client::new(TcpStream::connect(address).expect("connect"))
+            .expect("client")
+            .with_spin(Duration::from_micros(200));
+        for _ in delays {
+            let answer = client
+                .call(MasterRpcRequest::Stats {}, Duration::from_secs(5))
+                .expect("answer");
+            assert!(matches!(answer, MasterRpcResponse::Stats(Ok(_))));
+        }
         peer.join().expect("peer");
     }
 }
