@@ -287,6 +287,11 @@ pub fn stats_metrics(prefix: &str, stats: &MasterStats) -> String {
         "Writes started and not finished.",
         stats.writes_in_progress,
     );
+    gauge(
+        "reserved_writes",
+        "Space real clients reserved ahead of their keys (writes started under a reserved name).",
+        stats.reserved_writes,
+    );
     gauge("segments", "Mounted segments.", stats.segments.len() as u64);
     gauge(
         "clients",

@@ -86,6 +86,17 @@ impl Master for MasterService {
         done(results)
     }
 
+    fn put_commit(
+        &self,
+        items: Vec<(String, u64, String)>,
+    ) -> MasterFuture<'_, Vec<CodeResult<()>>> {
+        let results = items
+            .iter()
+            .map(|(reserved, id, key)| MasterService::put_commit(self, reserved, *id, key))
+            .collect();
+        done(results)
+    }
+
     fn put_revoke(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
         let results = items
             .iter()

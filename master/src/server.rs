@@ -191,6 +191,19 @@ impl MasterRpc for MasterHandler {
         self.counted_all(RpcOp::PutEnd, started, results)
     }
 
+    async fn put_commit(
+        self,
+        _: Context,
+        items: Vec<(String, u64, String)>,
+    ) -> Vec<CodeResult<()>> {
+        if let Some(refused) = oversized(items.len()) {
+            return refused;
+        }
+        let started = Instant::now();
+        let results = self.master.put_commit(items).await;
+        self.counted_all(RpcOp::PutEnd, started, results)
+    }
+
     async fn put_revoke(self, _: Context, items: Vec<(String, u64)>) -> Vec<CodeResult<()>> {
         if let Some(refused) = oversized(items.len()) {
             return refused;

@@ -490,6 +490,65 @@ impl MasterService {
         Ok(())
     }
 
+    /// Completes the write `write_id` started under the name `reserved` (a client's
+    /// reservation: space it asked for ahead of the key) as the object `key`, as
+    /// [`put_end`](Self::put_end) would have under `key`. `OBJECT_ALREADY_EXISTS` when
+    /// `key` exists (the reservation stays as it was); `INVALID_WRITE` when `reserved`
+    /// holds no such write, or holds an object or a pin (it was not a reservation).
+    pub fn put_commit(&self, reserved: &str, write_id: u64, key: &str) -> CodeResult<()> {
+        self.check_key(key)?;
+        if reserved == key {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        if self.disk_copy(key).is_some() {
+            return Err(ErrorCode::OBJECT_ALREADY_EXISTS);
+        }
+        let now = self.clock.now();
+        let pending = self.take_reservation(reserved, write_id)?;
+        let mut shard = self.shard(key).lock();
+        if let Err(code) = self.check_writable(&mut shard, key, now, false) {
+            drop(shard);
+            self.restore_reservation(reserved, pending, now);
+            return Err(code);
+        }
+        let entry = shard
+            .entry(key.into())
+            .or_insert_with(|| ObjectEntry::new(now));
+        entry.pending = Some(pending);
+        self.note_object(key, Some(entry));
+        drop(shard);
+        self.put_end(key, write_id)
+    }
+
+    /// Takes the write `write_id` of a reservation (an entry holding only that write).
+    fn take_reservation(&self, reserved: &str, write_id: u64) -> CodeResult<Box<PendingWrite>> {
+        let mut shard = self.shard(reserved).lock();
+        let entry = shard.get_mut(reserved).ok_or(ErrorCode::INVALID_WRITE)?;
+        if entry.is_readable() || entry.is_hard_pinned() {
+            return Err(ErrorCode::INVALID_WRITE);
+        }
+        let pending = take_pending(entry, write_id)?;
+        shard.remove(reserved);
+        self.note_object(reserved, None);
+        Ok(pending)
+    }
+
+    /// Puts a reservation's write back under its name (its key turned out to exist).
+    fn restore_reservation(&self, reserved: &str, pending: Box<PendingWrite>, now: Instant) {
+        let mut shard = self.shard(reserved).lock();
+        let entry = shard
+            .entry(reserved.into())
+            .or_insert_with(|| ObjectEntry::new(now));
+        if let Some(other) = entry.pending.replace(pending) {
+            // Names of reservations are the client's own: never two writes at once.
+            self.defer_free(
+                other.version.replicas.into_vec(),
+                now + self.config.put_start_release_timeout,
+            );
+        }
+        self.note_object(reserved, Some(entry));
+    }
+
     /// Abandons a write in progress and frees its space; an upsert's old version stays.
     pub fn put_revoke(&self, key: &str, write_id: u64) -> CodeResult<()> {
         let mut shard = self.shard(key).lock();
@@ -749,9 +808,15 @@ impl MasterService {
             ..MasterStats::default()
         };
         for shard in self.shards.iter() {
-            for entry in shard.lock().values() {
+            for (key, entry) in shard.lock().iter() {
                 stats.objects += u64::from(entry.is_readable());
-                stats.writes_in_progress += u64::from(entry.pending.is_some());
+                if entry.pending.is_some() {
+                    if mooncake_core::master_api::is_reservation(key) {
+                        stats.reserved_writes += 1;
+                    } else {
+                        stats.writes_in_progress += 1;
+                    }
+                }
             }
         }
         stats

@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod read_cache;
 pub mod read_leases;
 pub mod region;
+pub mod reservations;
 pub mod rpc;
 pub mod server;
 pub mod session;
@@ -262,7 +263,13 @@ impl RealClient {
                 (master, None, instance_id, secret)
             }
         };
-        let master = MasterLink::new(master, tenant, config.read_cache);
+        let master = MasterLink::new(
+            master,
+            tenant,
+            instance_id,
+            config.read_cache,
+            reservations::budget_for(config.global_segment_size),
+        );
         let contributes = config.global_segment_size > 0;
         if !contributes {
             tracing::info!(

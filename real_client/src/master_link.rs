@@ -16,6 +16,7 @@ use mooncake_core::tenant::Tenant;
 use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 use crate::read_cache::{Located, Lookup, ReadCache};
+use crate::reservations::Reservations;
 
 /// The master a real client uses, for the keys of one tenant.
 #[derive(Debug, Clone)]
@@ -29,6 +30,8 @@ pub struct MasterLink {
     /// Replica lists of recent reads of objects in this node's segment (shared by
     /// every view of this link).
     reads: Arc<ReadCache>,
+    /// Space this client asked for ahead of its keys (shared by every view of this link).
+    reservations: Arc<Reservations>,
 }
 
 /// The only result of a batch of one.
@@ -40,17 +43,31 @@ fn first<T>(results: Vec<CodeResult<T>>) -> CodeResult<T> {
 }
 
 impl MasterLink {
-    /// A link to `master` for the keys of `tenant`, whose reads of objects in this
-    /// node's segment reuse a replica list for up to `read_cache` (see
-    /// [`crate::read_cache`]; zero: never).
-    pub fn new(master: Arc<dyn Master>, tenant: Tenant, read_cache: Duration) -> Self {
+    /// A link of the real client `client` (a random id of this process: it names the
+    /// reservations) to `master` for the keys of `tenant`, whose
+    /// reads of objects in this node's segment reuse a replica list for up to
+    /// `read_cache` (see [`crate::read_cache`]; zero: never) and whose puts reserve at
+    /// most `reserve_budget` bytes ahead (see [`crate::reservations`]).
+    pub fn new(
+        master: Arc<dyn Master>,
+        tenant: Tenant,
+        client: u128,
+        read_cache: Duration,
+        reserve_budget: u64,
+    ) -> Self {
         MasterLink {
             master,
             tenant,
             unscoped: false,
             read_lease: None,
             reads: Arc::new(ReadCache::new(read_cache)),
+            reservations: Arc::new(Reservations::new(client, reserve_budget)),
         }
+    }
+
+    /// The space this client reserved for writes (see [`crate::reservations`]).
+    pub fn reservations(&self) -> &Arc<Reservations> {
+        &self.reservations
     }
 
     /// The read cache of this link.
@@ -123,6 +140,7 @@ impl MasterLink {
     ) -> CodeResult<SegmentId> {
         // A master that asks for a mount knows nothing of this segment's objects.
         self.reads.clear();
+        self.reservations.clear();
         self.master
             .mount_segment(client, name.to_string(), capacity, endpoint.to_string())
             .await
@@ -131,6 +149,7 @@ impl MasterLink {
     /// Unmounts everything `client` mounted.
     pub async fn unmount_client(&self, client: u128) -> CodeResult<()> {
         self.reads.clear();
+        self.reservations.clear();
         self.master.unmount_client(client).await
     }
 
@@ -176,6 +195,25 @@ impl MasterLink {
         // A version read before this write (an upsert's, or one removed by another
         // client since) is stale.
         self.reads.forget(items.iter().map(|(key, _)| key.as_str()));
+        results
+    }
+
+    /// Completes writes started under a reservation's name, each named by `(reserved
+    /// name, write id, key)`: one round trip per batch.
+    pub async fn put_commit_many(&self, items: &[(&str, u64, &str)]) -> Vec<CodeResult<()>> {
+        let items: Vec<(String, u64, String)> = items
+            .iter()
+            .map(|(reserved, id, key)| {
+                (
+                    self.scope(reserved).into_owned(),
+                    *id,
+                    self.scope(key).into_owned(),
+                )
+            })
+            .collect();
+        let results = self.master.put_commit(items.clone()).await;
+        self.reads
+            .forget(items.iter().map(|(_, _, key)| key.as_str()));
         results
     }
 

@@ -129,6 +129,7 @@ impl ServerState {
             segment_resident_bytes: self.store.segment().memory.resident_bytes(),
             staged_bytes: self.metrics.staged_bytes(),
             read_cache_hits: self.store.master().read_cache().hits(),
+            reserved_puts: self.store.master().reservations().commits(),
             device_handles: mooncake_device::driver::open_handles(),
             segment_pinned_bytes: crate::device_buffers::segment_pinned_bytes(),
         }

@@ -40,6 +40,10 @@ pub async fn serve(address: SocketAddr, state: Arc<ServerState>) {
                         "# HELP mooncake_client_read_cache_hits_total Reads that copied with the replica list of an earlier read, without asking the master (--read_cache_ms).\n# TYPE mooncake_client_read_cache_hits_total counter\nmooncake_client_read_cache_hits_total {}\n",
                         status.read_cache_hits
                     ));
+                    text.push_str(&format!(
+                        "# HELP mooncake_client_reserved_puts_total Puts completed into space reserved ahead of their keys (one master round trip).\n# TYPE mooncake_client_reserved_puts_total counter\nmooncake_client_reserved_puts_total {}\n",
+                        status.reserved_puts
+                    ));
                     if let Some(disk) = state.store.disk() {
                         let (objects, copies) = disk.offload_counters();
                         text.push_str(&format!(

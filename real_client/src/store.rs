@@ -23,6 +23,7 @@ use crate::disk::DiskTier;
 use crate::master_link::MasterLink;
 use crate::read_cache::Located;
 use crate::region::Region;
+use crate::reservations::{Reserved, Shape};
 use crate::transfer::TransferClient;
 use crate::transfer::client::Transfer;
 use crate::transfer::server::ServedSegment;
@@ -300,8 +301,9 @@ impl Store {
     }
 
     /// Writes each `(key, payload)` as [`put`](Self::put) does, with one master round
-    /// trip to start the whole batch and one to complete it. Keys must be distinct.
-    /// One result per item, in order.
+    /// trip to start the whole batch and one to complete it; values that a reservation
+    /// of this node's segment serves need only the second ([`crate::reservations`]).
+    /// Keys must be distinct. One result per item, in order.
     pub async fn put_many(
         &self,
         items: &[(&str, Payload<'_>)],
@@ -320,11 +322,33 @@ impl Store {
                 None => results[index] = Err(ErrorCode::INVALID_PARAMS),
             }
         }
-        let started = self.master.put_start_many(&starts, config, mode).await;
-        let mut accepted = Vec::with_capacity(started.len());
-        for ((index, (key, _)), outcome) in positions.into_iter().zip(starts).zip(started) {
-            match outcome {
-                Ok(started) => accepted.push((index, key, started)),
+        let mut reserved = self.take_reservations(&starts, config, mode);
+        let to_start: Vec<(&str, u64)> = starts
+            .iter()
+            .zip(&reserved)
+            .filter(|(_, r)| r.is_none())
+            .map(|(start, _)| *start)
+            .collect();
+        let mut started = if to_start.is_empty() {
+            Vec::new()
+        } else {
+            self.master.put_start_many(&to_start, config, mode).await
+        }
+        .into_iter();
+        let mut accepted = Vec::with_capacity(starts.len());
+        let mut via = Vec::with_capacity(starts.len());
+        for ((index, (key, _)), reservation) in positions.into_iter().zip(starts).zip(&mut reserved)
+        {
+            if let Some((shape, reservation)) = reservation.take() {
+                accepted.push((index, key, reservation.started.clone()));
+                via.push(Some((shape, reservation)));
+                continue;
+            }
+            match started.next().unwrap_or(Err(ErrorCode::RPC_FAIL)) {
+                Ok(started) => {
+                    accepted.push((index, key, started));
+                    via.push(None);
+                }
                 Err(ErrorCode::OBJECT_ALREADY_EXISTS) if mode == WriteMode::Put => {}
                 Err(code) => results[index] = Err(code),
             }
@@ -335,34 +359,49 @@ impl Store {
         let mut to_peers = Vec::new();
         let mut copied = Vec::with_capacity(accepted.len());
         let mut revoked = Vec::new();
-        for ((index, key, started), outcome) in accepted.into_iter().zip(written) {
+        for (((index, key, started), via), outcome) in accepted.into_iter().zip(via).zip(written) {
             match outcome {
                 Ok(peer_writes) => {
                     to_peers.extend(peer_writes);
-                    copied.push((index, key, started.write_id));
+                    copied.push((index, key, started.write_id, via));
                 }
                 Err(code) => {
                     results[index] = Err(code);
-                    revoked.push((key, started.write_id));
+                    match via {
+                        // Still reserved at the master: the next put overwrites it.
+                        Some((shape, reservation)) => {
+                            self.master.reservations().give_back(&shape, reservation);
+                        }
+                        None => revoked.push((key, started.write_id)),
+                    }
                 }
             }
         }
         let failed = self.write_to_peers(&to_peers);
         let (mut ended, mut ended_at) = (Vec::new(), Vec::new());
-        for (index, key, write_id) in copied {
-            match failed.get(&index) {
-                Some(code) => {
+        let mut committed = Vec::new();
+        for (index, key, write_id, via) in copied {
+            match (failed.get(&index), via) {
+                (Some(code), None) => {
                     results[index] = Err(*code);
                     revoked.push((key, write_id));
                 }
-                None => {
+                (Some(code), Some((shape, reservation))) => {
+                    results[index] = Err(*code);
+                    self.master.reservations().give_back(&shape, reservation);
+                }
+                (None, None) => {
                     ended.push((key, write_id));
                     ended_at.push(index);
                 }
+                (None, Some(reserved)) => committed.push((index, key, reserved)),
             }
         }
         if !revoked.is_empty() {
             let _ = self.master.put_revoke_many(&revoked).await;
+        }
+        if !committed.is_empty() {
+            self.commit(committed, mode, &mut results).await;
         }
         if !ended.is_empty() {
             let outcomes = self.master.put_end_many(&ended).await;
@@ -371,6 +410,101 @@ impl Store {
             }
         }
         results
+    }
+
+    /// A ready reservation of this node's segment per `(key, size)` to write, where one
+    /// serves (plain puts of small values without pins); asks for more in the
+    /// background and gives the expired ones back.
+    fn take_reservations(
+        &self,
+        starts: &[(&str, u64)],
+        config: &ReplicateConfig,
+        mode: WriteMode,
+    ) -> Vec<Option<(Shape, Reserved)>> {
+        let mut taken: Vec<Option<(Shape, Reserved)>> = starts.iter().map(|_| None).collect();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return taken;
+        };
+        if mode != WriteMode::Put || !self.segment.contributes {
+            return taken;
+        }
+        let mut by_shape: std::collections::HashMap<Shape, Vec<usize>> = Default::default();
+        for (index, (_, size)) in starts.iter().enumerate() {
+            if let Some(shape) = Shape::of(*size, config) {
+                by_shape.entry(shape).or_default().push(index);
+            }
+        }
+        let reservations = self.master.reservations();
+        let own = self.own_segment();
+        let now = Instant::now();
+        for (shape, indexes) in by_shape {
+            let got = reservations.take(&shape, indexes.len(), now);
+            for (index, reservation) in indexes.into_iter().zip(got.reserved) {
+                taken[index] = reservation
+                    .filter(|r| all_in_segment(&r.started.replicas, (own.0, &own.1)))
+                    .map(|r| (shape.clone(), r));
+            }
+            if !got.expired.is_empty() {
+                let master = self.master.clone();
+                runtime.spawn(async move {
+                    let items: Vec<(&str, u64)> = got
+                        .expired
+                        .iter()
+                        .map(|r| (r.name.as_str(), r.started.write_id))
+                        .collect();
+                    let _ = master.put_revoke_many(&items).await;
+                });
+            }
+            if got.refill > 0 {
+                runtime.spawn(refill(
+                    self.master.clone(),
+                    shape,
+                    got.refill,
+                    config.clone(),
+                    own.clone(),
+                ));
+            }
+        }
+        taken
+    }
+
+    /// This node's segment id and name.
+    fn own_segment(&self) -> (SegmentId, String) {
+        (
+            self.segment.id.load(Ordering::Acquire),
+            self.segment_name.clone(),
+        )
+    }
+
+    /// Completes puts written into reservations (one master round trip). A key that
+    /// existed already leaves its reservation reserved (given back for the next put).
+    async fn commit(
+        &self,
+        committed: Vec<(usize, &str, (Shape, Reserved))>,
+        mode: WriteMode,
+        results: &mut [CodeResult<()>],
+    ) {
+        let items: Vec<(&str, u64, &str)> = committed
+            .iter()
+            .map(|(_, key, (_, r))| (r.name.as_str(), r.started.write_id, *key))
+            .collect();
+        let outcomes = self.master.put_commit_many(&items).await;
+        let reservations = self.master.reservations();
+        let mut done = 0;
+        for ((index, _, (shape, reservation)), outcome) in committed.into_iter().zip(outcomes) {
+            results[index] = match outcome {
+                Ok(()) => {
+                    done += 1;
+                    Ok(())
+                }
+                Err(ErrorCode::OBJECT_ALREADY_EXISTS) if mode == WriteMode::Put => {
+                    reservations.give_back(&shape, reservation);
+                    Ok(())
+                }
+                Err(code) => Err(code),
+            };
+        }
+        reservations.count_commits(done);
     }
 
     /// Runs [`write_replicas`](Self::write_replicas) for every started `(item, key,
@@ -913,6 +1047,55 @@ fn stage_zeroed(len: u64) -> CodeResult<MemSlice> {
 /// True when a replica in segment `replica` (id, name) lives in this node's segment
 /// `own` (id, name). The name must match too: a restarted master hands out ids again,
 /// so until the next heartbeat another node's segment may carry this node's old id.
+/// Asks the master for `count` reservations of `shape` in this node's segment (`own`:
+/// its id and name); reservations it placed elsewhere are given back, and the shape is
+/// not tried again for a while.
+async fn refill(
+    master: MasterLink,
+    shape: Shape,
+    count: usize,
+    config: ReplicateConfig,
+    own: (SegmentId, String),
+) {
+    let reservations = std::sync::Arc::clone(master.reservations());
+    let names: Vec<String> = (0..count).map(|_| reservations.name()).collect();
+    let items: Vec<(&str, u64)> = names.iter().map(|n| (n.as_str(), shape.size())).collect();
+    let asked_at = Instant::now();
+    let answers = master.put_start_many(&items, &config, WriteMode::Put).await;
+    let mut got = Vec::with_capacity(count);
+    let mut elsewhere = Vec::new();
+    for (name, answer) in names.iter().zip(answers) {
+        match answer {
+            Ok(started) if all_in_segment(&started.replicas, (own.0, &own.1)) => {
+                got.push(Reserved {
+                    name: name.clone(),
+                    started,
+                    asked_at,
+                });
+            }
+            Ok(started) => elsewhere.push((name.as_str(), started.write_id)),
+            Err(_) => {}
+        }
+    }
+    if !elsewhere.is_empty() {
+        let _ = master.put_revoke_many(&elsewhere).await;
+    }
+    reservations.refilled(&shape, count, got, !elsewhere.is_empty());
+}
+
+/// True when every replica is in memory of the segment `own` (id and name).
+fn all_in_segment(replicas: &[ReplicaDescriptor], own: (SegmentId, &str)) -> bool {
+    !replicas.is_empty()
+        && replicas.iter().all(|replica| match &replica.location {
+            ReplicaLocation::Memory {
+                segment,
+                segment_name,
+                ..
+            } => is_own_segment((*segment, segment_name.as_str()), own),
+            ReplicaLocation::Disk { .. } => false,
+        })
+}
+
 fn is_own_segment(replica: (SegmentId, &str), own: (SegmentId, &str)) -> bool {
     replica.0 == own.0 && replica.1 == own.1
 }

@@ -26,8 +26,8 @@ use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 pub use remote::{RemoteMaster, as_caller_thread};
 pub use wire::{
-    ClientStatus, HaStatus, LOCAL_OWNER, MasterStats, OffloadWork, PutStarted, SegmentUsage,
-    StandbyStatus, TaskInfo, TaskKind, TaskStatus, TaskWork,
+    ClientStatus, HaStatus, LOCAL_OWNER, MasterStats, OffloadWork, PutStarted, RESERVED_PREFIX,
+    SegmentUsage, StandbyStatus, TaskInfo, TaskKind, TaskStatus, TaskWork, is_reservation,
 };
 
 /// The future a [`Master`] call returns.
@@ -103,6 +103,14 @@ pub trait Master: Send + Sync + std::fmt::Debug {
 
     /// Abandons writes, each named by `(key, write id)`: their space is freed.
     fn put_revoke(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>>;
+
+    /// Completes writes started under another name (a client's reservation), each named
+    /// by `(reserved name, write id, key)`: the write becomes the readable object `key`.
+    /// `OBJECT_ALREADY_EXISTS` when `key` exists (the reservation is left as it was).
+    fn put_commit(
+        &self,
+        items: Vec<(String, u64, String)>,
+    ) -> MasterFuture<'_, Vec<CodeResult<()>>>;
 
     /// The replicas of each readable object, with a read lease of `lease` (`None`: the
     /// master's default; a longer one than the default is cut to it).

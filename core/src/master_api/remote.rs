@@ -409,6 +409,23 @@ impl Master for RemoteMaster {
         })
     }
 
+    fn put_commit(
+        &self,
+        items: Vec<(String, u64, String)>,
+    ) -> MasterFuture<'_, Vec<CodeResult<()>>> {
+        Box::pin(async move {
+            chunked(items, |chunk| {
+                self.call_or_block(
+                    chunk,
+                    |items| MasterRpcRequest::PutCommit { items },
+                    unpack!(PutCommit),
+                    move |c, items| async move { c.put_commit(ctx(), items).await },
+                )
+            })
+            .await
+        })
+    }
+
     fn put_end(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
         Box::pin(async move {
             chunked(items, |chunk| {

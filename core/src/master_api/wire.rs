@@ -15,6 +15,19 @@ pub struct PutStarted {
     pub write_id: u64,
 }
 
+/// Prefix of the names under which real clients start writes ahead of their keys
+/// (reservations, completed with `Master::put_commit`).
+pub const RESERVED_PREFIX: &str = "__mooncake_reserved__/";
+
+/// True when `stored` (a key as the master stores it, tenant-scoped or not) names a
+/// reservation.
+pub fn is_reservation(stored: &str) -> bool {
+    let key = stored
+        .split_once(crate::tenant::TENANT_SEPARATOR)
+        .map_or(stored, |(_, key)| key);
+    key.starts_with(RESERVED_PREFIX)
+}
+
 /// Counters for status reports.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MasterStats {
@@ -22,6 +35,9 @@ pub struct MasterStats {
     pub objects: u64,
     /// Objects whose write is in progress.
     pub writes_in_progress: u64,
+    /// Space real clients reserved ahead of their keys: writes in progress under a
+    /// name starting with [`RESERVED_PREFIX`] (not counted in `writes_in_progress`).
+    pub reserved_writes: u64,
     /// Every mounted segment.
     pub segments: Vec<SegmentUsage>,
     /// Remote real clients heartbeating.

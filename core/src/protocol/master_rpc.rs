@@ -9,7 +9,7 @@ use crate::protocol::rpc::WriteMode;
 use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 /// Version of the master protocol; clients and master must agree exactly.
-pub const MASTER_PROTOCOL_VERSION: u32 = 9;
+pub const MASTER_PROTOCOL_VERSION: u32 = 10;
 
 /// Most items one batch call may carry; a larger batch is refused with
 /// `INVALID_PARAMS` for every item (clients split their batches at this size).
@@ -121,4 +121,7 @@ pub trait MasterRpc {
     /// High availability, a standby to its leader: part `part` of a snapshot (part 0
     /// takes a new one).
     async fn ha_snapshot(standby: u128, part: u32) -> CodeResult<SnapshotPart>;
+    /// Completes writes started under another name, each named by `(reserved name,
+    /// write id, key)` (see `Master::put_commit`).
+    async fn put_commit(items: Vec<(String, u64, String)>) -> Vec<CodeResult<()>>;
 }

@@ -207,6 +207,9 @@ pub struct StatusReport {
     /// without asking the master (`mooncake_client_read_cache_hits_total`; see
     /// `--read_cache_ms`).
     pub read_cache_hits: u64,
+    /// Puts completed into space reserved ahead of their keys, with one master round
+    /// trip (`mooncake_client_reserved_puts_total`; see `real_client::reservations`).
+    pub reserved_puts: u64,
     /// GPU allocations of dummies this process holds open (CUDA IPC handles).
     pub device_handles: u64,
     /// Bytes of the global segment pinned for GPU copies (`cuMemHostRegister` /

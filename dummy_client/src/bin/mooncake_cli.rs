@@ -212,6 +212,10 @@ fn status(client: &DummyClient) -> Result<(), Failure> {
         "reads        {} answered with the replica list of an earlier read (no master round trip)",
         report.read_cache_hits
     );
+    println!(
+        "puts         {} completed into space reserved ahead of their keys (one master round trip)",
+        report.reserved_puts
+    );
     if report.device_handles > 0 || report.segment_pinned_bytes > 0 {
         println!(
             "gpu          {} dummy allocations open (CUDA IPC), {} of the segment pinned",

@@ -316,6 +316,17 @@ impl Master for LeaderFollower {
         }))
     }
 
+    fn put_commit(
+        &self,
+        items: Vec<(String, u64, String)>,
+    ) -> MasterFuture<'_, Vec<CodeResult<()>>> {
+        let refuse = refuse_all(items.len());
+        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
+            let items = items.clone();
+            async move { l.master.put_commit(items).await }
+        }))
+    }
+
     fn put_revoke(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
         let refuse = refuse_all(items.len());
         Box::pin(self.call(refuse, move |l: Arc<Leader>| {

@@ -435,6 +435,17 @@ impl Master for HaNode {
         )
     }
 
+    fn put_commit(
+        &self,
+        items: Vec<(String, u64, String)>,
+    ) -> MasterFuture<'_, Vec<CodeResult<()>>> {
+        let count = items.len();
+        self.write(
+            move |code| refuse_all(count, code),
+            move |m| Master::put_commit(m, items),
+        )
+    }
+
     fn put_revoke(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
         let count = items.len();
         self.write(

@@ -810,3 +810,42 @@ fn with_offload_on_evict_objects_reach_the_disk_only_when_chosen_for_eviction() 
         "x was not needed and stays memory-only"
     );
 }
+
+#[test]
+fn a_reserved_write_is_committed_under_its_key_once_and_survives_an_existing_key() {
+    let (master, _) = master(1 << 20);
+    let config = ReplicateConfig::default();
+    let reserved = master.put_start("__r/1", 100, &config).expect("reserve");
+    put(&master, "taken", 100).expect("put");
+    assert_eq!(
+        master.put_commit("__r/1", reserved.write_id, "taken"),
+        Err(ErrorCode::OBJECT_ALREADY_EXISTS)
+    );
+    assert_eq!(
+        master.put_commit("__r/1", reserved.write_id + 1, "fresh"),
+        Err(ErrorCode::INVALID_WRITE)
+    );
+    // The reservation is intact: it commits under another key, with its own space.
+    master
+        .put_commit("__r/1", reserved.write_id, "fresh")
+        .expect("commit");
+    let (replicas, _) = master.get_replica_list("fresh").expect("readable");
+    assert_eq!(replicas[0].location, reserved.replicas[0].location);
+    assert_eq!(master.pending_write_id("__r/1"), None);
+    assert_eq!(master.stats().objects, 2);
+    assert_eq!(master.stats().writes_in_progress, 0);
+    assert_eq!(
+        master.put_commit("__r/1", reserved.write_id, "again"),
+        Err(ErrorCode::INVALID_WRITE)
+    );
+    // An object is not a reservation, and a key cannot commit onto itself.
+    let other = master.put_start("__r/2", 100, &config).expect("reserve");
+    assert_eq!(
+        master.put_commit("taken", 1, "third"),
+        Err(ErrorCode::INVALID_WRITE)
+    );
+    assert_eq!(
+        master.put_commit("__r/2", other.write_id, "__r/2"),
+        Err(ErrorCode::INVALID_PARAMS)
+    );
+}
