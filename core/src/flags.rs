@@ -829,7 +829,8 @@ impl ParsedFlags {
         }
     }
 
-    fn typed<T>(
+    /// A value converted by `convert`, its error reported as a bad value of the flag.
+    pub(crate) fn typed<T>(
         &self,
         name: &str,
         convert: impl Fn(&str) -> Result<T, String>,

@@ -18,6 +18,7 @@ pub mod error;
 pub mod flags;
 pub mod http;
 pub mod ids;
+pub mod keep_awake;
 pub mod logging;
 pub mod master_api;
 pub mod op_metrics;

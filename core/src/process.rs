@@ -82,6 +82,11 @@ pub trait Command: Sized {
     fn logging(&self) -> (&crate::logging::LogSettings, &[String]);
     /// Runtime worker threads; 0 means one per core.
     fn worker_threads(&self) -> usize;
+    /// How long the cores are kept awake after each request ([`crate::keep_awake`]);
+    /// zero: not at all.
+    fn keep_awake(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
     /// Serves until `shutdown` completes.
     fn serve(
         self,
@@ -121,6 +126,7 @@ fn run_command<C: Command>(args: Vec<String>) -> u8 {
         eprintln!("{name}: {reason}");
         return 2;
     }
+    crate::keep_awake::start(command.keep_awake());
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if command.worker_threads() > 0 {
         builder.worker_threads(command.worker_threads());

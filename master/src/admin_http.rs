@@ -41,6 +41,7 @@ fn route(master: &MasterService, ha: Option<&HaNode>, request: &Request) -> Opti
         "/metrics" => {
             let mut text =
                 http::stats_metrics("master", &master.stats()) + &master.rpc_metrics().render();
+            text.push_str(&mooncake_core::keep_awake::metrics("master"));
             if let Some(node) = ha {
                 text.push_str(&ha_metrics(node));
             }

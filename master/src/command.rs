@@ -32,6 +32,10 @@ impl Command for MasterCommand {
         self.0.threads
     }
 
+    fn keep_awake(&self) -> std::time::Duration {
+        self.0.keep_awake
+    }
+
     async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), DaemonError> {
         run(self.0, shutdown).await
     }

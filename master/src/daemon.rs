@@ -12,6 +12,7 @@ use mooncake_core::config_file;
 use mooncake_core::flags::{
     self, ARENA_FLAGS, Accepts, Compat, FlagError, FlagSpec, GFLAGS, ParsedFlags, Program,
 };
+use mooncake_core::keep_awake::{self, KEEP_AWAKE_FLAGS};
 use mooncake_core::logging::{LOG_FLAGS, LogError, LogSettings};
 use mooncake_core::protocol::auth::{AUTH_FLAGS, ClusterSecret, SecretError};
 
@@ -478,7 +479,14 @@ pub static MASTER_FLAGS: &[FlagSpec] = &[
 ];
 
 /// Every flag of `mooncake_master`.
-pub static FLAGS: &[&[FlagSpec]] = &[MASTER_FLAGS, AUTH_FLAGS, LOG_FLAGS, ARENA_FLAGS, GFLAGS];
+pub static FLAGS: &[&[FlagSpec]] = &[
+    MASTER_FLAGS,
+    AUTH_FLAGS,
+    LOG_FLAGS,
+    KEEP_AWAKE_FLAGS,
+    ARENA_FLAGS,
+    GFLAGS,
+];
 
 /// `mooncake_master` for the flag parser.
 pub static PROGRAM: Program = Program {
@@ -494,6 +502,9 @@ pub struct MasterDaemonConfig {
     pub rpc_address: SocketAddr,
     /// Worker threads (0: one per core).
     pub threads: usize,
+    /// How long this node's cores are kept awake after each request
+    /// (`--keep_awake_us`; see [`mooncake_core::keep_awake`]).
+    pub keep_awake: std::time::Duration,
     /// Where the metrics server listens (`None`: disabled).
     pub metrics_address: Option<SocketAddr>,
     /// Log a metrics summary every 10 s.
@@ -592,6 +603,7 @@ impl MasterDaemonConfig {
             ha: ha_settings(flags, rpc_address, &cluster_id)?,
             rpc_address,
             threads: threads(flags)?,
+            keep_awake: keep_awake::window_from_flags(flags)?,
             metrics_address: if metrics_port == 0 {
                 None
             } else {

@@ -8,6 +8,7 @@ use mooncake_core::config_file;
 use mooncake_core::flags::{
     self, ARENA_FLAGS, Accepts, Compat, FlagError, FlagSpec, GFLAGS, ParsedFlags, Program,
 };
+use mooncake_core::keep_awake::{self, KEEP_AWAKE_FLAGS};
 use mooncake_core::logging::{LOG_FLAGS, LogError, LogSettings};
 use mooncake_core::protocol::address::{DEFAULT_REAL_CLIENT_PORT, SocketAddress};
 use mooncake_core::protocol::auth::{self, AUTH_FLAGS, ClusterSecret};
@@ -83,7 +84,14 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
 ];
 
 /// Every flag `mooncake_client` accepts.
-pub static FLAGS: &[&[FlagSpec]] = &[CLIENT_FLAGS, AUTH_FLAGS, LOG_FLAGS, ARENA_FLAGS, GFLAGS];
+pub static FLAGS: &[&[FlagSpec]] = &[
+    CLIENT_FLAGS,
+    AUTH_FLAGS,
+    LOG_FLAGS,
+    KEEP_AWAKE_FLAGS,
+    ARENA_FLAGS,
+    GFLAGS,
+];
 
 /// `mooncake_client` for the flag parser.
 pub static PROGRAM: Program = Program {
@@ -139,6 +147,10 @@ pub struct RealClientConfig {
     /// How long a call of an application's thread to a remote master polls for its
     /// answer before the thread sleeps (`--client_spin_us`; zero: at once).
     pub caller_spin: Duration,
+    /// How long this node's cores are kept awake after each request
+    /// (`--keep_awake_us`; see [`mooncake_core::keep_awake`]). Zero in embedded mode,
+    /// which keeps no core of the application's awake.
+    pub keep_awake: Duration,
     /// Worker threads (0: one per core).
     pub threads: usize,
     /// Tenant id.
@@ -304,6 +316,7 @@ impl RealClientConfig {
                 .unwrap_or(crate::read_cache::DEFAULT_READ_CACHE),
             caller_spin: mooncake_core::spin::parse_spin(flags.string("client_spin_us").as_deref())
                 .map_err(|error| invalid("client_spin_us", error.to_string()))?,
+            keep_awake: keep_awake::window_from_flags(flags)?,
             threads: flags.number("threads")?.unwrap_or(0),
             tenant_id: tenant_flag(flags)?,
             master_address,
@@ -357,6 +370,7 @@ impl RealClientConfig {
         config.port = checked_port(options.port)?;
         config.socket = None;
         config.embedded_master_port = 0;
+        config.keep_awake = Duration::ZERO;
         config.global_segment_size = options.global_segment_size;
         config.master_address = parse_master_address(&options.master_address)?;
         check_pure_client(config.global_segment_size, config.master_address.as_deref())?;

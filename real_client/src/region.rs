@@ -196,6 +196,20 @@ impl Region {
         }
     }
 
+    /// Like [`copy_into`](Self::copy_into), for a `dest` in the segment that this
+    /// process will not read soon: a long copy from mapped memory bypasses the cache
+    /// ([`MemSlice::stream_to`]).
+    pub fn store_into(&self, dest: &MemSlice) -> CodeResult<()> {
+        match self {
+            Region::Mapped(slice) => {
+                intact(slice)?;
+                slice.stream_to(dest);
+                intact(slice)
+            }
+            _ => self.copy_into(dest),
+        }
+    }
+
     /// Copies `min(self.len, source.len)` bytes of `source` into this region.
     pub fn fill_from(&self, source: &MemSlice) -> CodeResult<()> {
         match self {

@@ -44,6 +44,7 @@ pub async fn serve(address: SocketAddr, state: Arc<ServerState>) {
                         "# HELP mooncake_client_reserved_puts_total Puts completed into space reserved ahead of their keys (one master round trip).\n# TYPE mooncake_client_reserved_puts_total counter\nmooncake_client_reserved_puts_total {}\n",
                         status.reserved_puts
                     ));
+                    text.push_str(&mooncake_core::keep_awake::metrics("client"));
                     if let Some(disk) = state.store.disk() {
                         let (objects, copies) = disk.offload_counters();
                         text.push_str(&format!(

@@ -256,7 +256,7 @@ impl Store {
                     let part = dest
                         .sub(offset, region.len())
                         .ok_or(ErrorCode::INTERNAL_ERROR)?;
-                    region.copy_into(&part)?;
+                    region.store_into(&part)?;
                     offset += region.len();
                 }
                 Ok(())

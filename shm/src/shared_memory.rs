@@ -371,28 +371,57 @@ impl SharedMemory {
     }
 }
 
+/// How a long copy stores to its destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stores {
+    /// Through the cache: the destination is read soon (a value handed to the caller).
+    Cached,
+    /// Past the cache ([`sys::stream_bytes`]) from [`STREAM_FROM`] bytes on: the
+    /// destination is not read soon (a value written into the segment).
+    Streamed,
+}
+
+/// Shortest copy written with non-temporal stores by [`Stores::Streamed`]: below it the
+/// destination's lines are likely in cache already, and the cache keeps them.
+const STREAM_FROM: usize = 256 << 10;
+
 /// Copies `len` bytes from `src` to `dst` like [`sys::copy_bytes`], with SIGBUS inside
 /// `mappings` recovered ([`guarded`]); a long copy between ranges that do not overlap
-/// is split across threads ([`parallel`]).
+/// is split across threads ([`parallel`]) and stored as `stores` says.
 ///
 /// # Safety
 /// As for [`sys::copy_bytes`].
-unsafe fn copy_long(src: *const u8, dst: *mut u8, len: usize, mappings: &[Guarded; 2]) {
+unsafe fn copy_long(
+    src: *const u8,
+    dst: *mut u8,
+    len: usize,
+    mappings: &[Guarded; 2],
+    stores: Stores,
+) {
     let (from, to) = (src.expose_provenance(), dst.expose_provenance());
     let overlap = from < to.saturating_add(len) && to < from.saturating_add(len);
+    let streamed = stores == Stores::Streamed && !overlap && len >= STREAM_FROM;
+    // Copies `len` bytes at `offset` of both ranges (inside them: the callers below).
+    let copy = |offset: usize, len: usize| {
+        let src: *const u8 = std::ptr::with_exposed_provenance(from + offset);
+        let dst: *mut u8 = std::ptr::with_exposed_provenance_mut(to + offset);
+        if streamed {
+            // SAFETY: the caller's guarantee, for a part of its ranges, which do not
+            // overlap (`streamed`).
+            guarded(mappings, || unsafe { sys::stream_bytes(src, dst, len) });
+        } else {
+            // SAFETY: the caller's guarantee, for a part of its ranges.
+            guarded(mappings, || unsafe { sys::copy_bytes(src, dst, len) });
+        }
+    };
     if overlap || len < 2 * parallel::MEMCPY_PIECE {
-        // SAFETY: the caller's guarantee.
-        guarded(mappings, || unsafe { sys::copy_bytes(src, dst, len) });
+        copy(0, len);
         return;
     }
+    // Each piece lies inside both of the caller's ranges, which stay valid until
+    // `split_copy` returns.
     let _ = parallel::split_copy(len, parallel::MEMCPY_PIECE, &|offset, piece| {
-        let piece_src: *const u8 = std::ptr::with_exposed_provenance(from + offset);
-        let piece_dst: *mut u8 = std::ptr::with_exposed_provenance_mut(to + offset);
-        // SAFETY: `offset..offset+piece` lies inside both of the caller's ranges, which
-        // stay valid until `split_copy` returns.
-        guarded(mappings, || unsafe {
-            sys::copy_bytes(piece_src, piece_dst, piece)
-        });
+        copy(offset, piece);
         Ok(())
     });
 }
@@ -451,10 +480,21 @@ impl MemSlice {
 
     /// Copies `min(self.len, dst.len)` bytes from this slice into `dst`; returns the count.
     pub fn copy_to(&self, dst: &MemSlice) -> usize {
+        self.copy_with(dst, Stores::Cached)
+    }
+
+    /// Like [`copy_to`](Self::copy_to), for a `dst` this process will not read soon (a
+    /// value written into the segment): a long copy bypasses the cache, which spares
+    /// reading the destination's lines first and evicting what the cache holds.
+    pub fn stream_to(&self, dst: &MemSlice) -> usize {
+        self.copy_with(dst, Stores::Streamed)
+    }
+
+    fn copy_with(&self, dst: &MemSlice, stores: Stores) -> usize {
         let len = self.len.min(dst.len);
         let mappings = [self.mem.guard(), dst.mem.guard()];
         // SAFETY: both slices were bounds-checked against live mappings they keep alive.
-        unsafe { copy_long(self.ptr(), dst.ptr(), len, &mappings) };
+        unsafe { copy_long(self.ptr(), dst.ptr(), len, &mappings, stores) };
         len
     }
 
@@ -463,7 +503,7 @@ impl MemSlice {
         let len = self.len.min(src.len());
         let mappings = [self.mem.guard(), Guarded::NONE];
         // SAFETY: `src` is a valid slice; the destination was bounds-checked.
-        unsafe { copy_long(src.as_ptr(), self.ptr(), len, &mappings) };
+        unsafe { copy_long(src.as_ptr(), self.ptr(), len, &mappings, Stores::Cached) };
         len
     }
 
@@ -472,7 +512,7 @@ impl MemSlice {
         let len = self.len.min(dst.len());
         let mappings = [self.mem.guard(), Guarded::NONE];
         // SAFETY: `dst` is a valid mutable slice; the source was bounds-checked.
-        unsafe { copy_long(self.ptr(), dst.as_mut_ptr(), len, &mappings) };
+        unsafe { copy_long(self.ptr(), dst.as_mut_ptr(), len, &mappings, Stores::Cached) };
         len
     }
 
@@ -536,6 +576,48 @@ impl MemSlice {
 mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
+
+    #[test]
+    fn streamed_copies_move_every_byte_whatever_the_alignment_and_length() {
+        const LEN: usize = 4 << 20;
+        let size = LEN as u64;
+        let src = Arc::new(SharedMemory::create("src", size, PageSize::Normal).expect("src"));
+        let dst = Arc::new(SharedMemory::create("dst", size, PageSize::Normal).expect("dst"));
+        let pattern: Vec<u8> = (0..LEN)
+            .map(|i| (i.wrapping_mul(7) ^ (i >> 8)).to_le_bytes()[0])
+            .collect();
+        src.slice(0, size).expect("all").write_from(&pattern);
+        // Short copies (cached), streamed ones with unaligned heads and tails, and one
+        // long enough to be split across threads.
+        let cases: [(usize, usize, usize); 5] = [
+            (0, 0, 4096),
+            (3, 5, STREAM_FROM - 1),
+            (1, 63, STREAM_FROM + 65),
+            (64, 128, 1 << 20),
+            (17, 4093, (3 << 20) + 77),
+        ];
+        for (from, to, len) in cases {
+            dst.slice(0, size).expect("all").write_from(&vec![0u8; LEN]);
+            let source = src.slice(from as u64, len as u64).expect("source");
+            let target = dst.slice(to as u64, len as u64).expect("target");
+            assert_eq!(source.stream_to(&target), len);
+            let mut back = vec![0u8; LEN];
+            dst.slice(0, size).expect("all").read_into(&mut back);
+            assert_eq!(
+                &back[to..to + len],
+                &pattern[from..from + len],
+                "{from} {to} {len}"
+            );
+            assert!(
+                back[..to].iter().all(|&b| b == 0),
+                "before {from} {to} {len}"
+            );
+            assert!(
+                back[to + len..].iter().all(|&b| b == 0),
+                "after {from} {to} {len}"
+            );
+        }
+    }
 
     /// 2 MiB hugepages that are free and not reserved, from `/proc/meminfo`.
     fn available_hugepages() -> u64 {

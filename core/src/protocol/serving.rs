@@ -50,6 +50,7 @@ pub async fn serve_connection<C, S>(
                 break;
             }
         };
+        crate::keep_awake::touch();
         if inline(&request.get().message) {
             request.execute(serve.clone()).await;
         } else {

@@ -311,6 +311,7 @@ fn serve_connection(stream: TcpStream, served: &Served<'_>) {
                 return;
             }
         };
+        mooncake_core::keep_awake::touch();
         let answered = if request.op == Op::ReadDisk {
             serve_disk_read(&mut stream, &mut outbox, served, &request, peer)
         } else {

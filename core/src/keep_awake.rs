@@ -1,0 +1,235 @@
+//! Keeping the node's cores awake while requests flow (`--keep_awake_us`).
+//!
+//! A core with nothing to run sleeps; waking it for the next request, or for the
+//! answer its caller waits for, costs tens of microseconds on a virtual machine whose
+//! guest does not poll before it halts (and a deep C-state exit on bare metal) — more
+//! than a small request takes. After each request a server serves, a few threads of
+//! idle scheduling priority (`SCHED_IDLE`: they run only on a core that has nothing
+//! else to run, and give it up the moment anything else wakes there) spin for a short
+//! window, so that the next message wakes a running core. They sleep once the window
+//! has passed without a request. The window is per process and set once, by
+//! `mooncake_client` and `mooncake_master` from their flag; a real client embedded in
+//! an application's process (`setup()`) does not keep its cores awake.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::flags::{FlagError, FlagSpec, ParsedFlags};
+
+/// Window after a request during which the cores are kept awake, by default.
+pub const DEFAULT_KEEP_AWAKE: Duration = Duration::from_micros(200);
+
+/// The longest window accepted: past it, requests are too far apart for the cores to
+/// be worth keeping awake.
+pub const MAX_KEEP_AWAKE: Duration = Duration::from_millis(10);
+
+/// Most threads kept spinning: one per core up to this many (a woken thread lands on
+/// the core it last ran on when that core is idle, so each core that serves or waits
+/// needs one).
+pub const MAX_KEEP_AWAKE_THREADS: usize = 8;
+
+/// The flag of the commands that keep their cores awake.
+pub static KEEP_AWAKE_FLAGS: &[FlagSpec] = &[FlagSpec::value(
+    "keep_awake_us",
+    Some("200"),
+    "microseconds after each request during which idle-priority threads keep this node's cores from sleeping, so the next request and its answer are not delayed by waking a sleeping core (0: off; at most 10000)",
+)
+.env("MOONCAKE_KEEP_AWAKE_US")
+.ours()];
+
+/// The window `--keep_awake_us` asks for.
+pub fn window_from_flags(flags: &ParsedFlags) -> Result<Duration, FlagError> {
+    let window = flags.typed("keep_awake_us", parse_window)?;
+    Ok(window.unwrap_or(DEFAULT_KEEP_AWAKE))
+}
+
+fn parse_window(value: &str) -> Result<Duration, String> {
+    let reason = || {
+        format!(
+            "give whole microseconds from 0 (off) to {}, for example 200",
+            MAX_KEEP_AWAKE.as_micros()
+        )
+    };
+    let micros: u64 = value.trim().parse().map_err(|_| reason())?;
+    let window = Duration::from_micros(micros);
+    if window > MAX_KEEP_AWAKE {
+        return Err(reason());
+    }
+    Ok(window)
+}
+
+/// The spinning threads and when the last request came.
+#[derive(Debug)]
+struct KeepAwake {
+    window_nanos: u64,
+    started: Instant,
+    /// Nanoseconds from `started` to the last request.
+    last_request: AtomicU64,
+    /// Threads asleep on `woken` (read without the lock on the request path).
+    asleep: AtomicUsize,
+    /// Nanoseconds spent spinning, all threads together.
+    spun_nanos: AtomicU64,
+    lock: Mutex<()>,
+    woken: Condvar,
+}
+
+static KEEP_AWAKE: OnceLock<KeepAwake> = OnceLock::new();
+
+impl KeepAwake {
+    fn now(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn quiet(&self) -> bool {
+        let last = self.last_request.load(Ordering::SeqCst);
+        self.now().saturating_sub(last) >= self.window_nanos
+    }
+
+    /// One spinning thread: sleeps while no request came within the window, spins while
+    /// one did.
+    fn run(&self) {
+        loop {
+            {
+                let mut guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+                self.asleep.fetch_add(1, Ordering::SeqCst);
+                while self.quiet() {
+                    guard = self
+                        .woken
+                        .wait(guard)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                self.asleep.fetch_sub(1, Ordering::SeqCst);
+            }
+            let from = Instant::now();
+            while !self.quiet() {
+                for _ in 0..64 {
+                    std::hint::spin_loop();
+                }
+            }
+            let spun = u64::try_from(from.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.spun_nanos.fetch_add(spun, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Starts keeping this process's cores awake for `window` after each [`touch`]: one
+/// idle-priority thread per core, at most [`MAX_KEEP_AWAKE_THREADS`]. Does nothing for
+/// a zero window, or when it was started already. Returns how many threads spin.
+pub fn start(window: Duration) -> usize {
+    if window.is_zero() || KEEP_AWAKE.get().is_some() {
+        return 0;
+    }
+    let state = KEEP_AWAKE.get_or_init(|| KeepAwake {
+        window_nanos: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
+        started: Instant::now(),
+        last_request: AtomicU64::new(0),
+        asleep: AtomicUsize::new(0),
+        spun_nanos: AtomicU64::new(0),
+        lock: Mutex::new(()),
+        woken: Condvar::new(),
+    });
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let threads = (0..cores.min(MAX_KEEP_AWAKE_THREADS))
+        .filter(|i| {
+            std::thread::Builder::new()
+                .name(format!("keep-awake-{i}"))
+                .spawn(move || {
+                    if let Err(error) = idle_priority() {
+                        tracing::warn!(%error, "cannot give a keep-awake thread idle priority; it stops (cores are not kept awake)");
+                        return;
+                    }
+                    state.run();
+                })
+                .is_ok()
+        })
+        .count();
+    tracing::info!(
+        threads,
+        window_us = window.as_micros(),
+        "keeping cores awake after each request"
+    );
+    threads
+}
+
+/// Marks a request: the cores stay awake for the window from now. Costs a clock read
+/// and an atomic store, plus a wake-up when the threads were asleep; nothing when
+/// keeping awake was not started.
+pub fn touch() {
+    let Some(state) = KEEP_AWAKE.get() else {
+        return;
+    };
+    state.last_request.store(state.now(), Ordering::SeqCst);
+    if state.asleep.load(Ordering::SeqCst) > 0 {
+        let _guard = state.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        state.woken.notify_all();
+    }
+}
+
+/// Seconds spent spinning so far, all threads together (0 when not started).
+pub fn spun_seconds() -> f64 {
+    KEEP_AWAKE.get().map_or(0.0, |state| {
+        state.spun_nanos.load(Ordering::Relaxed) as f64 / 1e9
+    })
+}
+
+/// The Prometheus lines of the time spent keeping cores awake, for the server named
+/// `server` (`client`, `master`): a counter of seconds, all threads together.
+pub fn metrics(server: &str) -> String {
+    format!(
+        "# HELP mooncake_{server}_keep_awake_seconds_total CPU time idle-priority threads spent keeping cores awake after requests (--keep_awake_us).\n# TYPE mooncake_{server}_keep_awake_seconds_total counter\nmooncake_{server}_keep_awake_seconds_total {}\n",
+        spun_seconds()
+    )
+}
+
+/// Gives the calling thread idle scheduling priority.
+fn idle_priority() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid sched_param for the call's duration; pid 0 is this
+    // thread.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_are_checked() {
+        assert_eq!(parse_window("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_window(" 200 "), Ok(Duration::from_micros(200)));
+        assert_eq!(parse_window("10000"), Ok(MAX_KEEP_AWAKE));
+        for bad in ["10001", "-1", "2ms", "", "x"] {
+            let reason = parse_window(bad).expect_err(bad);
+            assert!(reason.contains("whole microseconds"), "{bad}: {reason}");
+        }
+    }
+
+    #[test]
+    fn threads_spin_after_a_request_and_sleep_when_requests_stop() {
+        let threads = start(Duration::from_millis(2));
+        let state = KEEP_AWAKE.get().expect("started");
+        let wait_for = |what: &dyn Fn() -> bool| {
+            let until = Instant::now() + Duration::from_secs(10);
+            while !what() {
+                assert!(Instant::now() < until, "timed out");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        // Without requests every thread sleeps.
+        wait_for(&|| state.asleep.load(Ordering::SeqCst) == threads);
+        let spun = state.spun_nanos.load(Ordering::Relaxed);
+        // A request wakes them; they spin for the window, then sleep again.
+        touch();
+        wait_for(&|| {
+            state.asleep.load(Ordering::SeqCst) == threads
+                && state.spun_nanos.load(Ordering::Relaxed) > spun
+        });
+        assert!(spun_seconds() > 0.0);
+        // Starting twice changes nothing.
+        assert_eq!(start(Duration::from_millis(5)), 0);
+    }
+}
