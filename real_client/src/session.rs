@@ -43,6 +43,8 @@ pub struct Session {
     hard_pins: Mutex<HardPins>,
     /// The read leases its reads hold, against its quota.
     read_leases: Mutex<ReadLeases>,
+    /// Whether it runs in this process (asked on every write: kept, not a syscall).
+    in_process: bool,
 }
 
 impl Session {
@@ -60,6 +62,7 @@ impl Session {
             staging: RwLock::new(Vec::new()),
             hard_pins: Mutex::new(HardPins::default()),
             read_leases: Mutex::new(ReadLeases::default()),
+            in_process: pid == std::process::id(),
         }
     }
 
@@ -76,7 +79,7 @@ impl Session {
 
     /// True for a dummy running in this process (embedded mode).
     pub fn is_in_process(&self) -> bool {
-        self.pid == std::process::id()
+        self.in_process
     }
 
     /// Translates a dummy range into its shared memory.

@@ -28,6 +28,9 @@ use crate::transfer::TransferClient;
 use crate::transfer::client::Transfer;
 use crate::transfer::server::ServedSegment;
 
+/// A reservation a put took, with the shape it was kept under (to give it back).
+type Taken = (Arc<Shape>, Reserved);
+
 /// Bytes to write: ranges of a dummy's memory (concatenated) or bytes of this process.
 #[derive(Debug)]
 pub enum Payload<'a> {
@@ -420,29 +423,31 @@ impl Store {
         starts: &[(&str, u64)],
         config: &ReplicateConfig,
         mode: WriteMode,
-    ) -> Vec<Option<(Shape, Reserved)>> {
-        let mut taken: Vec<Option<(Shape, Reserved)>> = starts.iter().map(|_| None).collect();
+    ) -> Vec<Option<Taken>> {
+        let mut taken: Vec<Option<Taken>> = starts.iter().map(|_| None).collect();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return taken;
         };
         if mode != WriteMode::Put || !self.segment.contributes {
             return taken;
         }
-        let mut by_shape: std::collections::HashMap<Shape, Vec<usize>> = Default::default();
+        // The batch shares one config: one shape per distinct size.
+        let mut by_size: std::collections::HashMap<u64, Vec<usize>> = Default::default();
         for (index, (_, size)) in starts.iter().enumerate() {
-            if let Some(shape) = Shape::of(*size, config) {
-                by_shape.entry(shape).or_default().push(index);
-            }
+            by_size.entry(*size).or_default().push(index);
         }
         let reservations = self.master.reservations();
         let own = self.own_segment();
         let now = Instant::now();
-        for (shape, indexes) in by_shape {
+        for (size, indexes) in by_size {
+            let Some(shape) = Shape::of(size, config).map(Arc::new) else {
+                continue;
+            };
             let got = reservations.take(&shape, indexes.len(), now);
             for (index, reservation) in indexes.into_iter().zip(got.reserved) {
                 taken[index] = reservation
                     .filter(|r| all_in_segment(&r.started.replicas, (own.0, &own.1)))
-                    .map(|r| (shape.clone(), r));
+                    .map(|r| (Arc::clone(&shape), r));
             }
             if !got.expired.is_empty() {
                 let master = self.master.clone();
@@ -458,7 +463,7 @@ impl Store {
             if got.refill > 0 {
                 runtime.spawn(refill(
                     self.master.clone(),
-                    shape,
+                    Shape::clone(&shape),
                     got.refill,
                     config.clone(),
                     own.clone(),
@@ -480,7 +485,7 @@ impl Store {
     /// existed already leaves its reservation reserved (given back for the next put).
     async fn commit(
         &self,
-        committed: Vec<(usize, &str, (Shape, Reserved))>,
+        committed: Vec<(usize, &str, Taken)>,
         mode: WriteMode,
         results: &mut [CodeResult<()>],
     ) {
