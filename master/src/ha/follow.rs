@@ -180,6 +180,46 @@ impl LeaderFollower {
     }
 }
 
+impl LeaderFollower {
+    /// A `put_commit` sent again after the leader went away may find that its first
+    /// attempt completed (that answer was lost with the leader): the reservation is
+    /// gone, `INVALID_WRITE`. A commit is a put, which never overwrites and succeeds when
+    /// its key exists, so a key readable now is answered success.
+    async fn settle_retried_commits(
+        &self,
+        items: &[(String, u64, String)],
+        answers: &mut [CodeResult<()>],
+    ) {
+        let doubtful = doubtful_commits(answers);
+        if doubtful.is_empty() {
+            return;
+        }
+        let probe = doubtful.iter().map(|&i| items[i].2.clone()).collect();
+        let found = Master::exist(self, probe, LeaseBudget(Some(0))).await;
+        let readable: Vec<bool> = found.iter().map(|f| matches!(f, Ok(Some(_)))).collect();
+        settle_commits(answers, &doubtful, &readable);
+    }
+}
+
+/// The commits answered `INVALID_WRITE` (their reservation is gone).
+fn doubtful_commits(answers: &[CodeResult<()>]) -> Vec<usize> {
+    answers
+        .iter()
+        .enumerate()
+        .filter(|(_, answer)| matches!(answer, Err(ErrorCode::INVALID_WRITE)))
+        .map(|(index, _)| index)
+        .collect()
+}
+
+/// Answers success for each doubtful commit (by index) whose key is `readable` now.
+fn settle_commits(answers: &mut [CodeResult<()>], doubtful: &[usize], readable: &[bool]) {
+    for (&index, &found) in doubtful.iter().zip(readable) {
+        if found && let Some(answer) = answers.get_mut(index) {
+            *answer = Ok(());
+        }
+    }
+}
+
 /// Publishes the leader etcd names, following the leader key, until aborted.
 async fn watch_leader(
     endpoints: Vec<String>,
@@ -321,10 +361,20 @@ impl Master for LeaderFollower {
         items: Vec<(String, u64, String)>,
     ) -> MasterFuture<'_, Vec<CodeResult<()>>> {
         let refuse = refuse_all(items.len());
-        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
-            let items = items.clone();
-            async move { l.master.put_commit(items).await }
-        }))
+        Box::pin(async move {
+            let attempts = AtomicU32::new(0);
+            let mut answers = self
+                .call(refuse, |l: Arc<Leader>| {
+                    attempts.fetch_add(1, Ordering::Relaxed);
+                    let items = items.clone();
+                    async move { l.master.put_commit(items).await }
+                })
+                .await;
+            if attempts.load(Ordering::Relaxed) > 1 {
+                self.settle_retried_commits(&items, &mut answers).await;
+            }
+            answers
+        })
     }
 
     fn put_revoke(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
@@ -488,5 +538,36 @@ impl Master for LeaderFollower {
 
     fn stats(&self) -> MasterFuture<'_, CodeResult<MasterStats>> {
         Box::pin(self.call(Err, |l: Arc<Leader>| async move { l.master.stats().await }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retried_commit_whose_key_is_readable_succeeded() {
+        let mut answers = vec![
+            Ok(()),
+            Err(ErrorCode::INVALID_WRITE),
+            Err(ErrorCode::INVALID_WRITE),
+            Err(ErrorCode::OBJECT_ALREADY_EXISTS),
+            Err(ErrorCode::RPC_FAIL),
+        ];
+        let doubtful = doubtful_commits(&answers);
+        assert_eq!(doubtful, vec![1, 2]);
+        // The first one's key is readable (its first attempt completed), the second's
+        // is not (its reservation was lost): only the first becomes a success.
+        settle_commits(&mut answers, &doubtful, &[true, false]);
+        assert_eq!(
+            answers,
+            vec![
+                Ok(()),
+                Ok(()),
+                Err(ErrorCode::INVALID_WRITE),
+                Err(ErrorCode::OBJECT_ALREADY_EXISTS),
+                Err(ErrorCode::RPC_FAIL),
+            ]
+        );
     }
 }
