@@ -9,7 +9,7 @@
 //! big-endian length, then a postcard-encoded tarpc message), so the same server serves
 //! both kinds of client.
 
-use std::io::{Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::marker::PhantomData;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -35,13 +35,20 @@ pub enum BlockingCallError {
     Server(ServerError),
 }
 
+/// Bytes read from the socket at once: an answer's length prefix and a small answer come
+/// in one read.
+const READ_BUFFER: usize = 16 << 10;
+
 /// One connection, used by one caller at a time.
 #[derive(Debug)]
 pub struct BlockingClient<Req, Resp> {
-    stream: TcpStream,
+    /// The connection, read through a buffer (written through `get_ref`).
+    stream: BufReader<TcpStream>,
     next_id: u64,
     /// How long a call polls for its answer before it sleeps (zero: it sleeps at once).
     spin: Duration,
+    /// The read timeout set on the socket (set again only when a call asks for another).
+    read_timeout: Option<Duration>,
     types: PhantomData<fn(Req) -> Resp>,
 }
 
@@ -50,9 +57,10 @@ impl<Req: Serialize, Resp: for<'de> Deserialize<'de>> BlockingClient<Req, Resp> 
     pub fn new(stream: TcpStream) -> std::io::Result<Self> {
         stream.set_nodelay(true)?;
         Ok(BlockingClient {
-            stream,
+            stream: BufReader::with_capacity(READ_BUFFER, stream),
             next_id: 0,
             spin: Duration::ZERO,
+            read_timeout: None,
             types: PhantomData,
         })
     }
@@ -82,9 +90,12 @@ impl<Req: Serialize, Resp: for<'de> Deserialize<'de>> BlockingClient<Req, Resp> 
         let mut frame = Vec::with_capacity(4 + payload.len());
         frame.extend_from_slice(&len.to_be_bytes());
         frame.extend_from_slice(&payload);
-        self.stream
-            .set_read_timeout(Some(timeout.max(Duration::from_millis(1))))?;
-        self.stream.write_all(&frame)?;
+        let read_timeout = Some(timeout.max(Duration::from_millis(1)));
+        if self.read_timeout != read_timeout {
+            self.stream.get_ref().set_read_timeout(read_timeout)?;
+            self.read_timeout = read_timeout;
+        }
+        (&mut self.stream.get_ref()).write_all(&frame)?;
         self.spin_for_answer();
         let answer: Response<Resp> = self.read_frame()?;
         if answer.request_id != id {
@@ -103,7 +114,7 @@ impl<Req: Serialize, Resp: for<'de> Deserialize<'de>> BlockingClient<Req, Resp> 
             return;
         }
         use std::os::fd::AsRawFd;
-        let fd = self.stream.as_raw_fd();
+        let fd = self.stream.get_ref().as_raw_fd();
         let until = Instant::now() + self.spin;
         let mut byte = 0u8;
         loop {
