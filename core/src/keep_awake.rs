@@ -120,6 +120,12 @@ pub fn start(window: Duration) -> usize {
     if window.is_zero() || KEEP_AWAKE.get().is_some() {
         return 0;
     }
+    if under_cpu_quota(&|path| std::fs::read_to_string(path).ok()) {
+        tracing::info!(
+            "a CPU quota limits this process (cgroup): cores are not kept awake after requests, which would spend the quota"
+        );
+        return 0;
+    }
     let state = KEEP_AWAKE.get_or_init(|| KeepAwake {
         window_nanos: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
         started: Instant::now(),
@@ -182,6 +188,34 @@ pub fn metrics(server: &str) -> String {
     )
 }
 
+/// Whether a cgroup CPU quota limits this process (`cpu.max` of cgroup v2,
+/// `cpu.cfs_quota_us` of v1), reading files with `read`: idle-priority threads spend a
+/// quota like any other, so they would take time from the process's real work.
+fn under_cpu_quota(read: &dyn Fn(&str) -> Option<String>) -> bool {
+    let Some(cgroups) = read("/proc/self/cgroup") else {
+        return false;
+    };
+    cgroups.lines().any(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            return false;
+        };
+        let path = path.trim_end_matches('/');
+        let file = if controllers.is_empty() {
+            format!("/sys/fs/cgroup{path}/cpu.max")
+        } else if controllers.split(',').any(|c| c == "cpu") {
+            format!("/sys/fs/cgroup/cpu{path}/cpu.cfs_quota_us")
+        } else {
+            return false;
+        };
+        read(&file)
+            .and_then(|text| text.split_whitespace().next().map(str::to_string))
+            .is_some_and(|quota| quota != "max" && quota != "-1")
+    })
+}
+
 /// Gives the calling thread idle scheduling priority.
 fn idle_priority() -> std::io::Result<()> {
     let param = libc::sched_param { sched_priority: 0 };
@@ -206,6 +240,39 @@ mod tests {
             let reason = parse_window(bad).expect_err(bad);
             assert!(reason.contains("whole microseconds"), "{bad}: {reason}");
         }
+    }
+
+    #[test]
+    fn a_cgroup_cpu_quota_is_found_in_either_version() {
+        let files = |entries: &'static [(&'static str, &'static str)]| {
+            move |path: &str| {
+                entries
+                    .iter()
+                    .find(|(name, _)| *name == path)
+                    .map(|(_, text)| (*text).to_string())
+            }
+        };
+        let v2_limited = files(&[
+            ("/proc/self/cgroup", "0::/pods/a\n"),
+            ("/sys/fs/cgroup/pods/a/cpu.max", "200000 100000\n"),
+        ]);
+        assert!(under_cpu_quota(&v2_limited));
+        let v2_free = files(&[
+            ("/proc/self/cgroup", "0::/\n"),
+            ("/sys/fs/cgroup/cpu.max", "max 100000\n"),
+        ]);
+        assert!(!under_cpu_quota(&v2_free));
+        let v1_limited = files(&[
+            ("/proc/self/cgroup", "4:memory:/x\n2:cpu,cpuacct:/job\n"),
+            ("/sys/fs/cgroup/cpu/job/cpu.cfs_quota_us", "50000\n"),
+        ]);
+        assert!(under_cpu_quota(&v1_limited));
+        let v1_free = files(&[
+            ("/proc/self/cgroup", "1:cpu:/\n0::/\n"),
+            ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "-1\n"),
+        ]);
+        assert!(!under_cpu_quota(&v1_free));
+        assert!(!under_cpu_quota(&files(&[])));
     }
 
     #[test]
