@@ -121,7 +121,9 @@ pub fn start(window: Duration) -> usize {
         return 0;
     }
     if under_cpu_quota(&|path| std::fs::read_to_string(path).ok()) {
-        tracing::info!(
+        // Said by the startup line (`keep_awake_us=0`): stderr carries one line when
+        // startup fails.
+        tracing::debug!(
             "a CPU quota limits this process (cgroup): cores are not kept awake after requests, which would spend the quota"
         );
         return 0;
@@ -150,12 +152,20 @@ pub fn start(window: Duration) -> usize {
                 .is_ok()
         })
         .count();
-    tracing::info!(
+    tracing::debug!(
         threads,
         window_us = window.as_micros(),
         "keeping cores awake after each request"
     );
     threads
+}
+
+/// The window cores are kept awake for after each request; zero when keeping awake was
+/// not started (off, embedded, or under a CPU quota). For the startup line.
+pub fn window() -> Duration {
+    KEEP_AWAKE.get().map_or(Duration::ZERO, |state| {
+        Duration::from_nanos(state.window_nanos)
+    })
 }
 
 /// Marks a request: the cores stay awake for the window from now. Costs a clock read

@@ -886,6 +886,7 @@ pub async fn run(
         rpc = %rpc_address,
         cluster_id = %config.cluster_id,
         threads = config.threads,
+        keep_awake_us = keep_awake::window().as_micros(),
         lease_ttl_ms = config.master.default_kv_lease_ttl.as_millis(),
         client_ttl_s = config.master.client_ttl.as_secs(),
         eviction_high_watermark_ratio = config.master.eviction_high_watermark_ratio,

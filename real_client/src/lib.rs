@@ -411,6 +411,7 @@ impl RealClient {
             lease_ttl_ms = config.master.default_kv_lease_ttl.as_millis(),
             allowed_uids = ?config.allowed_uids,
             threads = config.threads,
+            keep_awake_us = mooncake_core::keep_awake::window().as_micros(),
             tenant = %config.tenant_id,
             instance = %format!("{:032x}", self.state.identity.instance_id),
             startup_ms = self.state.started.elapsed().as_millis(),
