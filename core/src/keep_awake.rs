@@ -137,15 +137,22 @@ pub fn start(window: Duration) -> usize {
         lock: Mutex::new(()),
         woken: Condvar::new(),
     });
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    let threads = (0..cores.min(MAX_KEEP_AWAKE_THREADS))
-        .filter(|i| {
+    let threads = allowed_cores()
+        .into_iter()
+        .take(MAX_KEEP_AWAKE_THREADS)
+        .filter(|&core| {
             std::thread::Builder::new()
-                .name(format!("keep-awake-{i}"))
+                .name(format!("keep-awake-{core}"))
                 .spawn(move || {
                     if let Err(error) = idle_priority() {
                         tracing::warn!(%error, "cannot give a keep-awake thread idle priority; it stops (cores are not kept awake)");
                         return;
+                    }
+                    // Kept on its core, so that every core has one: an application
+                    // thread that sends and goes on working keeps its core, and the
+                    // thread it woke runs on another one.
+                    if let Err(error) = pin_to(core) {
+                        tracing::debug!(%error, core, "a keep-awake thread cannot be kept on its core");
                     }
                     state.run();
                 })
@@ -224,6 +231,36 @@ fn under_cpu_quota(read: &dyn Fn(&str) -> Option<String>) -> bool {
             .and_then(|text| text.split_whitespace().next().map(str::to_string))
             .is_some_and(|quota| quota != "max" && quota != "-1")
     })
+}
+
+/// The cores this process may run on (the first when they cannot be read).
+fn allowed_cores() -> Vec<usize> {
+    // SAFETY: an all-zero `cpu_set_t` is a valid empty set; the call writes at most
+    // its size into it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` is a writable `cpu_set_t` of `size` bytes; pid 0 is this thread.
+    if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+        return vec![0];
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `cpu` is below CPU_SETSIZE, within `set`.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect()
+}
+
+/// Keeps the calling thread on `core`.
+fn pin_to(core: usize) -> std::io::Result<()> {
+    // SAFETY: an all-zero `cpu_set_t` is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `core` comes from `allowed_cores`, below CPU_SETSIZE, within `set`.
+    unsafe { libc::CPU_SET(core, &mut set) };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` is a valid `cpu_set_t` of `size` bytes; pid 0 is this thread.
+    if unsafe { libc::sched_setaffinity(0, size, &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Gives the calling thread idle scheduling priority.

@@ -42,6 +42,7 @@ mod status_http;
 pub mod store;
 mod tasks;
 pub mod transfer;
+pub mod writes_in_flight;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -294,6 +295,7 @@ impl RealClient {
             id: AtomicU64::new(0),
             contributes,
             name: config.segment_name(),
+            writes: Default::default(),
         });
         let disk = match config.offload.clone() {
             Some(mut settings) => Some(Arc::new({

@@ -201,6 +201,17 @@ impl MasterLink {
     /// Completes writes started under a reservation's name, each named by `(reserved
     /// name, write id, key)`: one round trip per batch.
     pub async fn put_commit_many(&self, items: &[(&str, u64, &str)]) -> Vec<CodeResult<()>> {
+        self.put_commit_many_during(items, Box::new(|| {})).await
+    }
+
+    /// [`put_commit_many`](Self::put_commit_many), running `work` (exactly once) while
+    /// the request travels (see `Master::put_commit_during`: the keys may be readable
+    /// before `work` returns).
+    pub async fn put_commit_many_during<'a>(
+        &'a self,
+        items: &[(&str, u64, &str)],
+        work: Box<dyn FnOnce() + Send + 'a>,
+    ) -> Vec<CodeResult<()>> {
         let items: Vec<(String, u64, String)> = items
             .iter()
             .map(|(reserved, id, key)| {
@@ -211,7 +222,7 @@ impl MasterLink {
                 )
             })
             .collect();
-        let results = self.master.put_commit(items.clone()).await;
+        let results = self.master.put_commit_during(items.clone(), work).await;
         self.reads
             .forget(items.iter().map(|(_, _, key)| key.as_str()));
         results

@@ -23,7 +23,7 @@ use crate::disk::DiskTier;
 use crate::master_link::MasterLink;
 use crate::read_cache::Located;
 use crate::region::Region;
-use crate::reservations::{Reserved, Shape};
+use crate::reservations::{MAX_RESERVED_VALUE, Reserved, Shape};
 use crate::transfer::TransferClient;
 use crate::transfer::client::Transfer;
 use crate::transfer::server::ServedSegment;
@@ -191,10 +191,22 @@ impl Store {
     pub fn own_replica(&self, replicas: &[ReplicaDescriptor]) -> Option<MemSlice> {
         replicas
             .iter()
-            .find_map(|replica| match self.place(replica) {
+            .find_map(|replica| match self.place_to_read(replica) {
                 Ok(Place::Local(bytes)) => Some(bytes),
                 _ => None,
             })
+    }
+
+    /// [`place`](Self::place) for reading `replica`: a replica in this node's segment
+    /// once no write in flight covers its bytes (see [`crate::writes_in_flight`]).
+    fn place_to_read<'a>(&self, replica: &'a ReplicaDescriptor) -> CodeResult<Place<'a>> {
+        let place = self.place(replica)?;
+        if let (Place::Local(_), ReplicaLocation::Memory { offset, .. }) =
+            (&place, &replica.location)
+        {
+            self.segment.writes.settle(*offset, replica.size)?;
+        }
+        Ok(place)
     }
 
     fn place<'a>(&self, replica: &'a ReplicaDescriptor) -> CodeResult<Place<'a>> {
@@ -356,6 +368,12 @@ impl Store {
                 Err(code) => results[index] = Err(code),
             }
         }
+        if self.master.is_remote() && copies_here_only(&accepted, &via, items) {
+            let reserved = via.into_iter().flatten().collect();
+            self.write_while_committing(&accepted, reserved, items, mode, &mut results)
+                .await;
+            return results;
+        }
         // Copies into this node's segment happen now; copies to peers are collected and
         // then pipelined, one connection per peer for the whole batch.
         let written = self.write_started(&accepted, items);
@@ -494,9 +512,23 @@ impl Store {
             .map(|(_, key, (_, r))| (r.name.as_str(), r.started.write_id, *key))
             .collect();
         let outcomes = self.master.put_commit_many(&items).await;
+        let committed = committed
+            .into_iter()
+            .map(|(index, _, taken)| (index, taken));
+        self.settle_commits(committed.zip(outcomes), mode, results);
+    }
+
+    /// Answers puts written into reservations from the master's answers to their
+    /// commits, and gives back the reservations of keys that existed already.
+    fn settle_commits(
+        &self,
+        answered: impl IntoIterator<Item = ((usize, Taken), CodeResult<()>)>,
+        mode: WriteMode,
+        results: &mut [CodeResult<()>],
+    ) {
         let reservations = self.master.reservations();
         let mut done = 0;
-        for ((index, _, (shape, reservation)), outcome) in committed.into_iter().zip(outcomes) {
+        for ((index, (shape, reservation)), outcome) in answered {
             results[index] = match outcome {
                 Ok(()) => {
                     done += 1;
@@ -510,6 +542,85 @@ impl Store {
             };
         }
         reservations.count_commits(done);
+    }
+
+    /// Copies writes into their reservations in this node's segment while their commit
+    /// travels to the master and back, so that the round trip hides behind the copy.
+    /// The master may show a key readable before its bytes are copied: the copied
+    /// ranges are held in the segment's [`WritesInFlight`](crate::writes_in_flight)
+    /// meanwhile, so readers wait. A copy that failed after its key became readable
+    /// fails those readers, and the key is removed again.
+    async fn write_while_committing(
+        &self,
+        accepted: &[(usize, &str, PutStarted)],
+        reserved: Vec<Taken>,
+        items: &[(&str, Payload<'_>)],
+        mode: WriteMode,
+        results: &mut [CodeResult<()>],
+    ) {
+        let ranges = accepted
+            .iter()
+            .flat_map(|(_, _, started)| started.replicas.iter().filter_map(memory_range));
+        let held = self.segment.writes.hold(ranges);
+        let commits: Vec<(&str, u64, &str)> = accepted
+            .iter()
+            .zip(&reserved)
+            .map(|((_, key, _), (_, r))| (r.name.as_str(), r.started.write_id, *key))
+            .collect();
+        let written = parking_lot::Mutex::new(None);
+        // A copy as long as a round trip stays on this thread: the master, on this
+        // machine or not, answers sooner than helper threads would save.
+        let alone = payload_bytes(accepted, items) <= MAX_RESERVED_VALUE;
+        let copy = || {
+            let write = || self.write_started(accepted, items);
+            let outcome = if alone {
+                mooncake_shm::on_this_thread(write)
+            } else {
+                write()
+            };
+            *written.lock() = Some(outcome);
+        };
+        let outcomes = self
+            .master
+            .put_commit_many_during(&commits, Box::new(copy))
+            .await;
+        // The master ran the copy (its contract); should it not have, copy now.
+        let written = written
+            .into_inner()
+            .unwrap_or_else(|| self.write_started(accepted, items));
+        let mut copied = Vec::with_capacity(accepted.len());
+        let mut unreadable = Vec::new();
+        let answers = accepted.iter().zip(reserved).zip(written).zip(outcomes);
+        for ((((index, key, started), taken), written), outcome) in answers {
+            let Err(code) = written else {
+                copied.push(((*index, taken), outcome));
+                continue;
+            };
+            results[*index] = Err(code);
+            match outcome {
+                Ok(()) => {
+                    for (offset, len) in started.replicas.iter().filter_map(memory_range) {
+                        held.fail(offset, len);
+                    }
+                    unreadable.push(key.to_string());
+                }
+                // Still reserved at the master: the next put overwrites it.
+                Err(ErrorCode::OBJECT_ALREADY_EXISTS) => {
+                    let (shape, reservation) = taken;
+                    self.master.reservations().give_back(&shape, reservation);
+                }
+                Err(_) => {}
+            }
+        }
+        self.settle_commits(copied, mode, results);
+        if !unreadable.is_empty() {
+            tracing::warn!(
+                keys = unreadable.len(),
+                "puts whose copy failed after their commit are removed again"
+            );
+            let _ = self.master.remove(unreadable, true).await;
+        }
+        drop(held);
     }
 
     /// Runs [`write_replicas`](Self::write_replicas) for every started `(item, key,
@@ -526,13 +637,13 @@ impl Store {
             self.write_replicas(started, &items[*item].1, *item, &mut to_peers)
                 .map(|()| to_peers)
         };
-        let payloads = || accepted.iter().map(|(item, _, _)| &items[*item].1);
-        if payloads().any(|payload| payload.device_api().is_some()) {
+        if accepted
+            .iter()
+            .any(|(item, _, _)| items[*item].1.device_api().is_some())
+        {
             return accepted.iter().map(write).collect();
         }
-        let bytes = payloads()
-            .map(|payload| payload.total_len().unwrap_or(0))
-            .fold(0u64, u64::saturating_add);
+        let bytes = payload_bytes(accepted, items);
         mooncake_shm::map_items(accepted.len(), bytes, |index| write(&accepted[index]))
     }
 
@@ -774,7 +885,8 @@ impl Store {
                     continue;
                 }
             };
-            let Some(Ok(Place::Local(source))) = planned.replicas.first().map(|r| self.place(r))
+            let Some(Ok(Place::Local(source))) =
+                planned.replicas.first().map(|r| self.place_to_read(r))
             else {
                 return None;
             };
@@ -948,7 +1060,7 @@ impl Store {
     /// Executes a copy or move task: copies its source replica, which must be in this
     /// node's segment, into every target.
     pub fn replicate(&self, task: &TaskWork) -> CodeResult<()> {
-        let Place::Local(source) = self.place(&task.source)? else {
+        let Place::Local(source) = self.place_to_read(&task.source)? else {
             return Err(ErrorCode::INVALID_REPLICA);
         };
         let payload = Payload::Regions(vec![Region::Mapped(source)]);
@@ -984,7 +1096,7 @@ impl Store {
             [(0, dest)] if dest.len() == replica.size => dest.mapped(),
             _ => None,
         };
-        match self.place(replica)? {
+        match self.place_to_read(replica)? {
             Place::LocalDisk => {
                 let disk = self.disk.as_ref().ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
                 transfer_blocking(|| match whole {
@@ -1089,6 +1201,39 @@ async fn refill(
 }
 
 /// True when every replica is in memory of the segment `own` (id and name).
+/// The bytes the payloads of started writes hold, all together.
+fn payload_bytes(accepted: &[(usize, &str, PutStarted)], items: &[(&str, Payload<'_>)]) -> u64 {
+    accepted
+        .iter()
+        .map(|(item, _, _)| items[*item].1.total_len().unwrap_or(0))
+        .fold(0u64, u64::saturating_add)
+}
+
+/// The `(offset, len)` of a replica in memory.
+fn memory_range(replica: &ReplicaDescriptor) -> Option<(u64, u64)> {
+    match &replica.location {
+        ReplicaLocation::Memory { offset, .. } => Some((*offset, replica.size)),
+        ReplicaLocation::Disk { .. } => None,
+    }
+}
+
+/// True when every started write of a batch goes into a reservation (each replica in
+/// this node's segment) from host memory mapped here: plain memory copies, with no
+/// peer, disk or GPU taking part.
+fn copies_here_only(
+    accepted: &[(usize, &str, PutStarted)],
+    via: &[Option<Taken>],
+    items: &[(&str, Payload<'_>)],
+) -> bool {
+    let mapped = |payload: &Payload<'_>| match payload {
+        Payload::Bytes(_) => true,
+        Payload::Regions(regions) => regions.iter().all(|r| matches!(r, Region::Mapped(_))),
+    };
+    !accepted.is_empty()
+        && via.iter().all(Option::is_some)
+        && accepted.iter().all(|(item, _, _)| mapped(&items[*item].1))
+}
+
 fn all_in_segment(replicas: &[ReplicaDescriptor], own: (SegmentId, &str)) -> bool {
     !replicas.is_empty()
         && replicas.iter().all(|replica| match &replica.location {

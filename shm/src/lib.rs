@@ -35,7 +35,7 @@ pub mod registry;
 pub mod shared_memory;
 mod sys;
 
-pub use parallel::map_items;
+pub use parallel::{map_items, on_this_thread};
 pub use pool::PoolAllocator;
 pub use registry::{Registry, TranslateError};
 pub use shared_memory::{MemSlice, Outgoing, SharedMemory, ShmError, send_vectored};

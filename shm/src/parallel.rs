@@ -28,6 +28,29 @@ const SPLIT_ITEM_BYTES: u64 = 8 * MEMCPY_PIECE as u64;
 /// Most threads one copy uses (the caller and up to three helpers).
 pub(crate) const MAX_THREADS: usize = 4;
 
+thread_local! {
+    /// Set while this thread's copies must not be shared out ([`on_this_thread`]).
+    static ALONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn alone() -> bool {
+    ALONE.with(std::cell::Cell::get)
+}
+
+/// Runs `work` with every copy it makes done on this thread alone, none shared out to
+/// the helper threads: for copies that run while a round trip is under way, whose peer
+/// (on this machine) needs the other cores more than the copy does.
+pub fn on_this_thread<T>(work: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            ALONE.with(|flag| flag.set(self.0));
+        }
+    }
+    let _reset = Reset(ALONE.with(|flag| flag.replace(true)));
+    work()
+}
+
 /// The work of one piece, by its index.
 type PieceWork<'a> = dyn Fn(usize) -> std::io::Result<()> + Sync + 'a;
 
@@ -199,7 +222,7 @@ pub(crate) fn split_copy(
     min_piece: usize,
     copy: &(dyn Fn(usize, usize) -> std::io::Result<()> + Sync),
 ) -> std::io::Result<()> {
-    if len < 2 * min_piece.max(1) {
+    if len < 2 * min_piece.max(1) || alone() {
         return copy(0, len);
     }
     let threads = (len / min_piece.max(1)).clamp(1, helpers().count + 1);
@@ -262,7 +285,7 @@ pub fn map_items<T: Send>(count: usize, bytes: u64, work: impl Fn(usize) -> T + 
 
 /// How many threads a batch of `count` items moving `bytes` is worth.
 fn helpers_for(count: usize, bytes: u64) -> usize {
-    if count < 2 || bytes < 2 * MEMCPY_PIECE as u64 {
+    if count < 2 || bytes < 2 * MEMCPY_PIECE as u64 || alone() {
         return 1;
     }
     // Items of several megabytes split their own copies, which measured faster
@@ -276,6 +299,27 @@ fn helpers_for(count: usize, bytes: u64) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copies_on_this_thread_are_not_shared_out() {
+        const PIECE: usize = 64 << 10;
+        let me = std::thread::current().id();
+        let threads = Mutex::new(std::collections::HashSet::new());
+        let record = |_: usize, _: usize| {
+            threads
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(std::thread::current().id());
+            Ok(())
+        };
+        on_this_thread(|| split_copy(16 * PIECE, PIECE, &record)).expect("copy");
+        let items = on_this_thread(|| {
+            map_items(8, 64 * MEMCPY_PIECE as u64, |_| std::thread::current().id())
+        });
+        assert!(items.iter().all(|id| *id == me));
+        assert_eq!(*threads.lock().expect("lock"), [me].into_iter().collect());
+        assert!(!alone(), "the flag is reset on return");
+    }
 
     #[test]
     fn every_byte_is_covered_once_and_errors_are_reported() {

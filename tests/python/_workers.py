@@ -7,6 +7,12 @@
 ``python _workers.py stress ADDRESS PREFIX NKEYS SECONDS WORKER_ID``
     the mixed workload of the concurrency test; prints a JSON report on the last line.
 
+``python _workers.py tail MASTER PREFIX COUNT SIZE SECONDS``
+    an embedded client of the master at MASTER that reads keys PREFIX-0 ..
+    PREFIX-(COUNT-1) in order, asking for each until it exists (a second at most per
+    key, SECONDS in all), and checks that each value is SIZE bytes of one byte, (i % 251) + 1; prints a
+    JSON report (keys read, values that were not whole) on the last line.
+
 ``python _workers.py staging ADDRESS PREFIX``
     heap buffers in dummy mode with a 2 MiB staging buffer (batches larger than it,
     values larger than it); prints a JSON report of the bytes copied through staging
@@ -170,6 +176,30 @@ def staging(address, prefix):
     print(json.dumps(report), flush=True)
 
 
+def tail(master, prefix, count, size, seconds):
+    count, size, seconds = int(count), int(size), float(seconds)
+    store = MooncakeDistributedStore()
+    check(store.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", master) == 0, "setup")
+    print("ready", flush=True)
+    until = time.monotonic() + seconds
+    read, torn = 0, []
+    for i in range(count):
+        expected = bytes([i % 251 + 1]) * size
+        # A key the writer removed before this reader came to it is skipped.
+        give_up = min(until, time.monotonic() + 1.0)
+        while time.monotonic() < give_up:
+            value = store.get(f"{prefix}-{i}")
+            if value:
+                break
+        else:
+            continue
+        read += 1
+        if value != expected:
+            torn.append({"key": i, "len": len(value), "other_bytes": sum(1 for b in value if b != i % 251 + 1)})
+    store.close()
+    print(json.dumps({"read": read, "torn": torn}), flush=True)
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    {"pair": pair, "stress": stress, "staging": staging}[command](*args)
+    {"pair": pair, "stress": stress, "staging": staging, "tail": tail}[command](*args)

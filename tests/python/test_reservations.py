@@ -5,12 +5,16 @@ existing key must stay as it was, and the reserved space must never show as obje
 outlive the client at a shared master."""
 
 import ctypes
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig
-from mooncake_testlib import wait_until
+from mooncake_testlib import die_with_parent_prefix, wait_until
 
 OK = 0
 SIZE = 4096
@@ -90,3 +94,43 @@ def test_reservations_serve_dummies_and_end_with_their_client(start_master, mast
         assert wait_until(lambda: checker.status()["reserved_writes"] == 0, timeout=10)
     finally:
         checker.close()
+
+
+def test_reserved_puts_are_never_read_before_their_bytes_are_whole(start_master, keys):
+    """An embedded client of a remote master sends a reserved put's commit while it
+    copies the value, so the key can turn readable first: a reader in another process,
+    asking for each key as it appears, must still see every value whole."""
+    # Short read leases: the space of values removed after a read comes back soon.
+    master = start_master("--default_kv_lease_ttl=50ms")
+    writer = MooncakeDistributedStore()
+    assert writer.setup("127.0.0.1", "P2PHANDSHAKE", 128 << 20, 16 << 20, "tcp", "", master.address) == OK
+    count, size = 300, 1 << 20
+    reader = subprocess.Popen(
+        [*die_with_parent_prefix(), sys.executable, str(Path(__file__).resolve().parent / "_workers.py"),
+         "tail", master.address, keys("v"), str(count), str(size), "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        assert reader.stdout.readline().strip() == "ready"
+        buf = np.zeros(size, dtype=np.uint8)
+        assert writer.register_buffer(buf.ctypes.data, size) == OK
+        config = own_segment(writer)
+        for i in range(count):
+            buf[:] = i % 251 + 1
+            assert writer.put_from(f"{keys('v')}-{i}", buf.ctypes.data, size, config) == OK
+            # Old keys go, so that reservations are used again (their bytes were
+            # another value's), and the reader catches up.
+            if i >= 32:
+                assert writer.remove(f"{keys('v')}-{i - 32}", True) == OK, i
+            time.sleep(0.002)
+        out, _ = reader.communicate(timeout=90)
+        report = json.loads(out.strip().splitlines()[-1])
+        assert writer.status()["reserved_puts"] > count // 2, "puts did not go through reservations"
+        assert writer.unregister_buffer(buf.ctypes.data) == OK
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+        writer.close()
+    assert report["torn"] == [], report["torn"][:5]
+    assert report["read"] > count // 2, report

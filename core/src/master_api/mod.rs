@@ -112,6 +112,20 @@ pub trait Master: Send + Sync + std::fmt::Debug {
         items: Vec<(String, u64, String)>,
     ) -> MasterFuture<'_, Vec<CodeResult<()>>>;
 
+    /// [`put_commit`](Master::put_commit), running `work` (exactly once, whatever the
+    /// outcome) while the request travels to a remote master and its answer comes back.
+    /// The master may show the keys readable before `work` returns: a caller that copies
+    /// their bytes in `work` keeps readers of those bytes waiting until it has. By
+    /// default `work` runs first, then the commit is sent.
+    fn put_commit_during<'a>(
+        &'a self,
+        items: Vec<(String, u64, String)>,
+        work: Box<dyn FnOnce() + Send + 'a>,
+    ) -> MasterFuture<'a, Vec<CodeResult<()>>> {
+        work();
+        self.put_commit(items)
+    }
+
     /// The replicas of each readable object, with a read lease of `lease` (`None`: the
     /// master's default; a longer one than the default is cut to it).
     fn get_replica_list(

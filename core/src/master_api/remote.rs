@@ -292,12 +292,28 @@ impl RemoteMaster {
     /// Calls the master on this thread over a pooled blocking connection; a failed
     /// connection is dropped (the next call opens another).
     fn call_blocking(&self, request: MasterRpcRequest) -> CodeResult<MasterRpcResponse> {
+        self.call_blocking_during(request, || {})
+    }
+
+    /// [`call_blocking`](Self::call_blocking), running `work` (exactly once, whatever
+    /// the outcome) after the request is sent and before its answer is read.
+    fn call_blocking_during(
+        &self,
+        request: MasterRpcRequest,
+        work: impl FnOnce(),
+    ) -> CodeResult<MasterRpcResponse> {
         let pooled = self.blocking.lock().pop();
-        let mut client = match pooled {
-            Some(client) => client,
-            None => self.connect_blocking()?,
+        let client = match pooled {
+            Some(client) => Ok(client),
+            None => self.connect_blocking(),
         };
-        match client.call(request, MASTER_DEADLINE) {
+        let sent = client.and_then(|mut client| match client.send(request, MASTER_DEADLINE) {
+            Ok(sent) => Ok((client, sent)),
+            Err(error) => Err(self.blocking_failed(&error)),
+        });
+        work();
+        let (mut client, sent) = sent?;
+        match client.receive(sent) {
             Ok(answer) => {
                 let mut idle = self.blocking.lock();
                 if idle.len() < MAX_IDLE_BLOCKING {
@@ -305,11 +321,14 @@ impl RemoteMaster {
                 }
                 Ok(answer)
             }
-            Err(error) => {
-                tracing::debug!(address = %self.address, %error, "master call failed");
-                Err(blocking_error(&error))
-            }
+            Err(error) => Err(self.blocking_failed(&error)),
         }
+    }
+
+    /// Logs a failed blocking call; the code its caller gets.
+    fn blocking_failed(&self, error: &BlockingCallError) -> ErrorCode {
+        tracing::debug!(address = %self.address, %error, "master call failed");
+        blocking_error(error)
     }
 }
 
@@ -423,6 +442,33 @@ impl Master for RemoteMaster {
                 )
             })
             .await
+        })
+    }
+
+    fn put_commit_during<'a>(
+        &'a self,
+        items: Vec<(String, u64, String)>,
+        work: Box<dyn FnOnce() + Send + 'a>,
+    ) -> MasterFuture<'a, Vec<CodeResult<()>>> {
+        Box::pin(async move {
+            // The runtime's tarpc client sends from its own task: only a caller's thread
+            // holds the request in its hands between sending and reading the answer.
+            if !on_caller_thread() || items.len() > MAX_MASTER_BATCH {
+                work();
+                return self.put_commit(items).await;
+            }
+            let count = items.len();
+            let answers = self
+                .call_blocking_during(MasterRpcRequest::PutCommit { items }, work)
+                .and_then(|answer| unpack!(PutCommit)(answer).ok_or(ErrorCode::RPC_FAIL))
+                .and_then(|answers: Vec<CodeResult<()>>| {
+                    if answers.len() == count {
+                        Ok(answers)
+                    } else {
+                        Err(ErrorCode::RPC_FAIL)
+                    }
+                });
+            answers.unwrap_or_else(|code| (0..count).map(|_| Err(code)).collect())
         })
     }
 

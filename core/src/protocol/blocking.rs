@@ -39,6 +39,13 @@ pub enum BlockingCallError {
 /// in one read.
 const READ_BUFFER: usize = 16 << 10;
 
+/// A request sent by [`BlockingClient::send`] whose answer is still to be read.
+#[derive(Debug)]
+#[must_use = "the answer must be received before the connection is used again"]
+pub struct Sent {
+    id: u64,
+}
+
 /// One connection, used by one caller at a time.
 #[derive(Debug)]
 pub struct BlockingClient<Req, Resp> {
@@ -74,6 +81,14 @@ impl<Req: Serialize, Resp: for<'de> Deserialize<'de>> BlockingClient<Req, Resp> 
 
     /// Sends `message` and waits at most `timeout` for its answer.
     pub fn call(&mut self, message: Req, timeout: Duration) -> Result<Resp, BlockingCallError> {
+        let sent = self.send(message, timeout)?;
+        self.receive(sent)
+    }
+
+    /// Sends `message` without waiting for its answer, so that the caller can work while
+    /// the request travels; [`receive`](Self::receive) then waits at most `timeout`
+    /// (counted from when it is called) for the answer. Nothing else may be sent before.
+    pub fn send(&mut self, message: Req, timeout: Duration) -> Result<Sent, BlockingCallError> {
         self.next_id += 1;
         let id = self.next_id;
         let mut context = tarpc::context::current();
@@ -96,6 +111,12 @@ impl<Req: Serialize, Resp: for<'de> Deserialize<'de>> BlockingClient<Req, Resp> 
             self.read_timeout = read_timeout;
         }
         (&mut self.stream.get_ref()).write_all(&frame)?;
+        Ok(Sent { id })
+    }
+
+    /// Waits for the answer to the request `sent`.
+    pub fn receive(&mut self, sent: Sent) -> Result<Resp, BlockingCallError> {
+        let id = sent.id;
         self.spin_for_answer();
         let answer: Response<Resp> = self.read_frame()?;
         if answer.request_id != id {

@@ -377,6 +377,40 @@ impl Master for LeaderFollower {
         })
     }
 
+    fn put_commit_during<'a>(
+        &'a self,
+        items: Vec<(String, u64, String)>,
+        work: Box<dyn FnOnce() + Send + 'a>,
+    ) -> MasterFuture<'a, Vec<CodeResult<()>>> {
+        let refuse = refuse_all(items.len());
+        // The first attempt that runs takes the work; a retry only commits.
+        let work = parking_lot::Mutex::new(Some(work));
+        Box::pin(async move {
+            let attempts = AtomicU32::new(0);
+            let mut answers = self
+                .call(refuse, |l: Arc<Leader>| {
+                    let items = items.clone();
+                    let (work, attempts) = (&work, &attempts);
+                    async move {
+                        attempts.fetch_add(1, Ordering::Relaxed);
+                        let taken = work.lock().take();
+                        match taken {
+                            Some(work) => l.master.put_commit_during(items, work).await,
+                            None => l.master.put_commit(items).await,
+                        }
+                    }
+                })
+                .await;
+            if let Some(work) = work.lock().take() {
+                work();
+            }
+            if attempts.load(Ordering::Relaxed) > 1 {
+                self.settle_retried_commits(&items, &mut answers).await;
+            }
+            answers
+        })
+    }
+
     fn put_revoke(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
         let refuse = refuse_all(items.len());
         Box::pin(self.call(refuse, move |l: Arc<Leader>| {

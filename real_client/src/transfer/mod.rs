@@ -62,6 +62,7 @@ mod tests {
             id: AtomicU64::new(SEGMENT_ID),
             contributes: true,
             name: "transfer-test".into(),
+            writes: Default::default(),
         });
         let server = TransferServer::start(
             "127.0.0.1:0".parse().expect("address"),
@@ -131,6 +132,39 @@ mod tests {
                 assert_eq!(dest.to_vec(), source.to_vec());
             }
         }
+    }
+
+    #[test]
+    fn a_peer_read_of_bytes_still_being_written_waits_for_them() {
+        let (server, segment) = serve(1 << 20);
+        let endpoint = server.address().to_string();
+        let held = segment.writes.hold([(4096, 4096)]);
+        let reader = {
+            let endpoint = endpoint.clone();
+            std::thread::spawn(move || {
+                let dest = memory(4096).slice(0, 4096).expect("slice");
+                let started = std::time::Instant::now();
+                TransferClient::default()
+                    .read(&endpoint, SEGMENT_ID, 4096, None, &dest)
+                    .map(|()| (dest.to_vec(), started.elapsed()))
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let written = patterned(&segment.memory, 1, 4096).to_vec();
+        drop(held);
+        let (read, waited) = reader.join().expect("reader").expect("read");
+        assert_eq!(read, written, "the read saw the bytes once written");
+        assert!(waited >= std::time::Duration::from_millis(40), "{waited:?}");
+        // A write whose copy failed fails the reads of its bytes.
+        let held = segment.writes.hold([(0, 4096)]);
+        held.fail(0, 4096);
+        let dest = memory(4096).slice(0, 4096).expect("slice");
+        let client = TransferClient::default();
+        assert!(client.read(&endpoint, SEGMENT_ID, 0, None, &dest).is_err());
+        drop(held);
+        client
+            .read(&endpoint, SEGMENT_ID, 0, None, &dest)
+            .expect("released");
     }
 
     #[test]

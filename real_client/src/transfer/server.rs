@@ -14,6 +14,7 @@ use super::stream::BufferedStream;
 use super::tuning::Congestion;
 use super::wire::{Op, REQUEST_LEN, Request, WireError, encode_response};
 use crate::disk::DiskTier;
+use crate::writes_in_flight::WritesInFlight;
 
 /// The transfer listener of one real client.
 #[derive(Debug)]
@@ -35,6 +36,9 @@ pub struct ServedSegment {
     pub contributes: bool,
     /// The segment's name at the master (disk-read grants name it).
     pub name: String,
+    /// Writes whose keys may be readable before their bytes are copied: every read of
+    /// the memory settles with them first.
+    pub writes: WritesInFlight,
 }
 
 impl TransferServer {
@@ -344,6 +348,9 @@ fn serve_request(
     let segment = served.segment;
     let slice = if request.segment == segment.id.load(Ordering::Acquire) {
         served.check_grant(request, peer).and_then(|()| {
+            if request.op == Op::Read {
+                segment.writes.settle(request.offset, request.len)?;
+            }
             segment
                 .memory
                 .slice(request.offset, request.len)
