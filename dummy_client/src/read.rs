@@ -307,6 +307,20 @@ impl DummyClient {
     /// object is larger than half the staging buffer, or, when neither has room, inside
     /// the reply.
     pub fn get_with<R>(&self, key: &str, consume: impl FnOnce(&[u8]) -> R) -> CodeResult<R> {
+        self.get_with_or_in_place(key, consume, |_| None)
+    }
+
+    /// [`get_with`](Self::get_with), except that with a real client in this process
+    /// (embedded mode) an object larger than the first guess (1 MiB) is offered to
+    /// `in_place` with its size: `in_place(size)` can read it straight into memory of
+    /// its own (one copy, by the real client) and answer the result, or answer `None`
+    /// to take the staged path.
+    pub fn get_with_or_in_place<R>(
+        &self,
+        key: &str,
+        consume: impl FnOnce(&[u8]) -> R,
+        in_place: impl FnOnce(u64) -> Option<R>,
+    ) -> CodeResult<R> {
         let guess = GET_GUESS.min(self.inner.memory.lock().staging_capacity() / 2);
         let consume = match self.get_staged(key, guess, consume) {
             Staged::Done(result) => return result,
@@ -314,6 +328,11 @@ impl DummyClient {
             Staged::NoRoom(consume) => return self.get_inline(key, consume),
         };
         let size = self.get_size(key)?;
+        if self.inner.target.is_in_process()
+            && let Some(result) = in_place(size)
+        {
+            return Ok(result);
+        }
         let consume = match self.get_staged(key, size, consume) {
             Staged::Done(result) => return result,
             Staged::TooSmall(consume) | Staged::NoRoom(consume) => consume,

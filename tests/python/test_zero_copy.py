@@ -66,6 +66,23 @@ def test_registered_heap_memory_is_used_in_place_in_embedded_mode(embedded, keys
     assert store.put_from(keys("after"), src.ctypes.data, SIZE) < 0
 
 
+def test_get_of_a_large_value_in_embedded_mode_is_byte_exact_and_lends_nothing_for_long(embedded, keys):
+    """Past 1 MiB, get() reads straight into the new bytes object (lent to the real
+    client for the one copy); the value must be exact and the loan must end with it."""
+    store = embedded(segment=64 << 20)
+    mine = lambda: [(e["segments"], e["mapped_bytes"]) for e in store.status()["dummies"] if e["pid"] == os.getpid()]
+    lent_before = mine()
+    rng = np.random.default_rng(7)
+    for size in (1 << 20, (1 << 20) + 1, 3 << 20, (16 << 20) - 5):
+        value = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        assert store.put(keys(f"v{size}"), value) == OK
+        got = store.get(keys(f"v{size}"))
+        assert got == value, size
+        del got
+        assert mine() == lent_before, size
+    assert store.get(keys("missing")) == b""
+
+
 def test_allocator_memory_is_zero_copy_in_dummy_mode(start_client, connect, keys):
     store = connect(start_client().address)
     allocator = MooncakeHostMemAllocator()

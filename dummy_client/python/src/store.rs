@@ -149,10 +149,39 @@ impl PyStore {
 /// GIL is taken only for that copy); `None` when the read fails.
 fn get_as_bytes(client: &DummyClient, key: &str) -> Option<Py<PyBytes>> {
     client
-        .get_with(key, |value| {
-            Python::attach(|py| PyBytes::new(py, value).unbind())
-        })
+        .get_with_or_in_place(
+            key,
+            |value| Python::attach(|py| PyBytes::new(py, value).unbind()),
+            |size| get_in_place(client, key, size),
+        )
         .ok()
+}
+
+/// Embedded mode: reads `key`, of `size` bytes, straight into a new `bytes` object,
+/// lent to the real client of this process for the one copy. `None` (the caller takes
+/// the staged path) when the object is not `size` bytes any more or the read failed.
+fn get_in_place(client: &DummyClient, key: &str, size: u64) -> Option<Py<PyBytes>> {
+    let len = isize::try_from(size).ok()?;
+    let (bytes, buffer) = Python::attach(|py| {
+        // SAFETY: a null source asks CPython for an uninitialised object of `len`
+        // bytes; it is filled below before anyone else sees it.
+        let object = unsafe { pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), len) };
+        // SAFETY: a new reference, or null (then the error is taken and dropped).
+        let object = unsafe { Bound::from_owned_ptr_or_err(py, object) }.ok()?;
+        // SAFETY: `object` is a live bytes object of `len` bytes.
+        let buffer = unsafe { pyo3::ffi::PyBytes_AsString(object.as_ptr()) } as u64;
+        let bytes = object.cast_into::<PyBytes>().ok()?.unbind();
+        Some((bytes, buffer))
+    })?;
+    if buffer == 0 || client.register_buffer(buffer, size).is_err() {
+        return None;
+    }
+    let read = client.get_into(key, buffer, size);
+    let _ = client.unregister_buffer(buffer);
+    match read {
+        Ok(got) if got == size => Some(bytes),
+        _ => None,
+    }
 }
 
 fn not_ready() -> i64 {
