@@ -548,8 +548,9 @@ impl Store {
     /// travels to the master and back, so that the round trip hides behind the copy.
     /// The master may show a key readable before its bytes are copied: the copied
     /// ranges are held in the segment's [`WritesInFlight`](crate::writes_in_flight)
-    /// meanwhile, so readers wait. A copy that failed after its key became readable
-    /// fails those readers, and the key is removed again.
+    /// until the copies are done, so readers wait for them (not for the answer). A copy
+    /// that failed fails those readers until its key, if it became readable, is
+    /// removed again.
     async fn write_while_committing(
         &self,
         accepted: &[(usize, &str, PutStarted)],
@@ -558,15 +559,19 @@ impl Store {
         mode: WriteMode,
         results: &mut [CodeResult<()>],
     ) {
-        let ranges = accepted
-            .iter()
-            .flat_map(|(_, _, started)| started.replicas.iter().filter_map(memory_range));
-        let held = self.segment.writes.hold(ranges);
+        let ranges = || {
+            accepted
+                .iter()
+                .flat_map(|(_, _, started)| started.replicas.iter().filter_map(memory_range))
+        };
+        let held = self.segment.writes.hold(ranges());
         let commits: Vec<(&str, u64, &str)> = accepted
             .iter()
             .zip(&reserved)
             .map(|((_, key, _), (_, r))| (r.name.as_str(), r.started.write_id, *key))
             .collect();
+        // The copies' outcomes, and the hold when a copy failed (kept until its key is
+        // removed again): readers of whole copies go on as soon as they are done.
         let written = parking_lot::Mutex::new(None);
         // A copy as long as a round trip stays on this thread: the master, on this
         // machine or not, answers sooner than helper threads would save.
@@ -578,32 +583,35 @@ impl Store {
             } else {
                 write()
             };
-            *written.lock() = Some(outcome);
+            let failed = failed_ranges(accepted, &outcome);
+            let kept = (!failed.is_empty()).then(|| {
+                failed
+                    .iter()
+                    .for_each(|(offset, len)| held.fail(*offset, *len));
+                held
+            });
+            *written.lock() = Some((outcome, kept));
         };
         let outcomes = self
             .master
             .put_commit_many_during(&commits, Box::new(copy))
             .await;
         // The master ran the copy (its contract); should it not have, copy now.
-        let written = written
-            .into_inner()
-            .unwrap_or_else(|| self.write_started(accepted, items));
+        let (written, kept) = written.into_inner().unwrap_or_else(|| {
+            let _held = self.segment.writes.hold(ranges());
+            (self.write_started(accepted, items), None)
+        });
         let mut copied = Vec::with_capacity(accepted.len());
         let mut unreadable = Vec::new();
         let answers = accepted.iter().zip(reserved).zip(written).zip(outcomes);
-        for ((((index, key, started), taken), written), outcome) in answers {
+        for ((((index, key, _), taken), written), outcome) in answers {
             let Err(code) = written else {
                 copied.push(((*index, taken), outcome));
                 continue;
             };
             results[*index] = Err(code);
             match outcome {
-                Ok(()) => {
-                    for (offset, len) in started.replicas.iter().filter_map(memory_range) {
-                        held.fail(offset, len);
-                    }
-                    unreadable.push(key.to_string());
-                }
+                Ok(()) => unreadable.push(key.to_string()),
                 // Still reserved at the master: the next put overwrites it.
                 Err(ErrorCode::OBJECT_ALREADY_EXISTS) => {
                     let (shape, reservation) = taken;
@@ -620,7 +628,7 @@ impl Store {
             );
             let _ = self.master.remove(unreadable, true).await;
         }
-        drop(held);
+        drop(kept);
     }
 
     /// Runs [`write_replicas`](Self::write_replicas) for every started `(item, key,
@@ -1201,6 +1209,19 @@ async fn refill(
 }
 
 /// True when every replica is in memory of the segment `own` (id and name).
+/// The `(offset, len)` of every replica of the started writes whose copy failed.
+fn failed_ranges<T>(
+    accepted: &[(usize, &str, PutStarted)],
+    written: &[CodeResult<T>],
+) -> Vec<(u64, u64)> {
+    accepted
+        .iter()
+        .zip(written)
+        .filter(|(_, written)| written.is_err())
+        .flat_map(|((_, _, started), _)| started.replicas.iter().filter_map(memory_range))
+        .collect()
+}
+
 /// The bytes the payloads of started writes hold, all together.
 fn payload_bytes(accepted: &[(usize, &str, PutStarted)], items: &[(&str, Payload<'_>)]) -> u64 {
     accepted
