@@ -509,7 +509,7 @@ impl Store {
     ) {
         let items: Vec<(&str, u64, &str)> = committed
             .iter()
-            .map(|(_, key, (_, r))| (r.name.as_str(), r.started.write_id, *key))
+            .map(|(_, key, taken)| commit_item(key, taken))
             .collect();
         let outcomes = self.master.put_commit_many(&items).await;
         let committed = committed
@@ -568,7 +568,7 @@ impl Store {
         let commits: Vec<(&str, u64, &str)> = accepted
             .iter()
             .zip(&reserved)
-            .map(|((_, key, _), (_, r))| (r.name.as_str(), r.started.write_id, *key))
+            .map(|((_, key, _), taken)| commit_item(key, taken))
             .collect();
         // The copies' outcomes, and the hold when a copy failed (kept until its key is
         // removed again): readers of whole copies go on as soon as they are done.
@@ -1208,7 +1208,12 @@ async fn refill(
     reservations.refilled(&shape, count, got, !elsewhere.is_empty());
 }
 
-/// True when every replica is in memory of the segment `own` (id and name).
+/// What a commit of `key` written into the reservation `taken` names: `(reserved name,
+/// write id, key)`.
+fn commit_item<'a>(key: &'a str, (_, reserved): &'a Taken) -> (&'a str, u64, &'a str) {
+    (reserved.name.as_str(), reserved.started.write_id, key)
+}
+
 /// The `(offset, len)` of every replica of the started writes whose copy failed.
 fn failed_ranges<T>(
     accepted: &[(usize, &str, PutStarted)],
@@ -1255,6 +1260,7 @@ fn copies_here_only(
         && accepted.iter().all(|(item, _, _)| mapped(&items[*item].1))
 }
 
+/// True when every replica is in memory of the segment `own` (id and name).
 fn all_in_segment(replicas: &[ReplicaDescriptor], own: (SegmentId, &str)) -> bool {
     !replicas.is_empty()
         && replicas.iter().all(|replica| match &replica.location {
