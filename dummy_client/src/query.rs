@@ -75,6 +75,26 @@ impl DummyClient {
         })
     }
 
+    /// Clears the objects among `keys` that nobody read or wrote for one lease TTL
+    /// (upstream's `batch_replica_clear`): their memory replicas on the segment named
+    /// `segment` (the others keep serving them), or (`None`) the whole objects. One
+    /// result per key: `OBJECT_HAS_LEASE` when it was used within the TTL,
+    /// `OBJECT_NOT_FOUND` when it has nothing to clear.
+    pub fn clear_replicas<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        segment: Option<&str>,
+    ) -> Vec<CodeResult<()>> {
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        let segment = segment.map(str::to_string);
+        self.call_chunked(owned(keys), CONTROL_DEADLINE, move |rpc, ctx, keys| {
+            let segment = segment.clone();
+            async move { rpc.clear_replicas(ctx, keys, segment).await }
+        })
+    }
+
     /// Removes every object whose key matches the regular expression `pattern`
     /// (linear-time engine; an invalid or oversized pattern is `INVALID_PARAMS`);
     /// returns how many were removed.

@@ -112,10 +112,11 @@ impl MasterConfig {
         if self.default_kv_lease_ttl.is_zero() || self.client_ttl.is_zero() {
             return Err("--default_kv_lease_ttl and --client_ttl must be larger than zero".into());
         }
-        if self.default_kv_lease_ttl > crate::objects::MAX_ENTRY_TTL
-            || self.max_kv_soft_pin_ttl > crate::objects::MAX_ENTRY_TTL
-        {
-            return Err("--default_kv_lease_ttl and --max_kv_soft_pin_ttl must be at most 4294967295 ms (49 days)".into());
+        if self.default_kv_lease_ttl > crate::objects::MAX_LEASE_TTL {
+            return Err("--default_kv_lease_ttl must be at most 4294967 ms (71 minutes)".into());
+        }
+        if self.max_kv_soft_pin_ttl > crate::objects::MAX_ENTRY_TTL {
+            return Err("--max_kv_soft_pin_ttl must be at most 4294967295 ms (49 days)".into());
         }
         Ok(())
     }

@@ -46,7 +46,7 @@ pub use mooncake_core::master_api::{
     ClientStatus, LOCAL_OWNER, MasterStats, OffloadWork, PutStarted, SegmentUsage, TaskInfo,
     TaskKind, TaskStatus, TaskWork,
 };
-pub use objects::MAX_ENTRY_TTL;
+pub use objects::{MAX_ENTRY_TTL, MAX_LEASE_TTL};
 pub use segments::MountedSegment;
 pub use service::{DiskCopy, MAX_REGEX_LEN, MasterService};
 pub use tasks::{MAX_ACTIVE_TASKS, MAX_FINISHED_TASKS};

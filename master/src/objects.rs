@@ -158,10 +158,10 @@ static ORIGIN: LazyLock<Instant> = LazyLock::new(|| {
     now.checked_sub(Duration::from_secs(3600)).unwrap_or(now)
 });
 
-/// An instant with microsecond resolution in 8 bytes. Lease and pin deadlines are
-/// rounded up, so they never end early; plain uses and `now` are rounded down (a
-/// lease outlives its deadline by at most 2 µs: a remove issued one TTL after a read
-/// is not refused, as upstream's nanosecond clock would not refuse it).
+/// An instant with microsecond resolution in 8 bytes. Pin deadlines are rounded up, so
+/// they never end early; plain uses and `now` are rounded down, and a read lease ends
+/// one TTL after its read rounded down to the microsecond (a remove issued one TTL
+/// after a read is not refused, as upstream's nanosecond clock would not refuse it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Stamp(u64);
 
@@ -203,9 +203,21 @@ const HARD_PIN: u64 = 1 << 63;
 /// Bit of [`ObjectEntry::used_and_flags`]: a copy or move task is unfinished.
 const REPLICATING: u64 = 1 << 62;
 
-/// Longest lease or soft pin an entry records: `u32::MAX` milliseconds (49.7 days);
-/// longer ones are cut to it (the configuration refuses longer TTLs).
+/// Longest soft pin an entry records: `u32::MAX` milliseconds (49.7 days); longer ones
+/// are cut to it (the configuration refuses longer TTLs).
 pub const MAX_ENTRY_TTL: Duration = Duration::from_millis(u32::MAX as u64);
+
+/// Longest read lease an entry records: `u32::MAX` microseconds (71.5 minutes); longer
+/// ones are cut to it (the configuration refuses longer TTLs). Leases are kept to the
+/// microsecond so that a lease ends no later than one TTL after the read that took it:
+/// a `remove` sent once the TTL has passed is never refused.
+pub const MAX_LEASE_TTL: Duration = Duration::from_micros(u32::MAX as u64);
+
+/// Microseconds from `base` to `end`, 0 when `end` is not after `base`, at most
+/// `u32::MAX`.
+fn micros_after(end: Stamp, base: Stamp) -> u32 {
+    u32::try_from(end.0.saturating_sub(base.0)).unwrap_or(u32::MAX)
+}
 
 /// Milliseconds from `base` to `end`, rounded up (so a deadline never comes early),
 /// 0 when `end` is not after `base`, at most `u32::MAX`.
@@ -219,7 +231,8 @@ fn millis_after(end: Stamp, base: Stamp) -> u32 {
 /// so readers never see a half-written value.
 ///
 /// Its times take 16 bytes: the last use (a [`Stamp`], sharing its word with three
-/// flags), and the ends of the read lease and of the soft pin in milliseconds after it.
+/// flags), the end of the read lease in microseconds after it and the end of the soft
+/// pin in milliseconds after it.
 #[derive(Debug)]
 pub struct ObjectEntry {
     /// The version readers get.
@@ -230,8 +243,8 @@ pub struct ObjectEntry {
     /// first. Not the lease end, which would rank a read a whole lease ahead of writes
     /// made after it. The top bits are the hard-pin, task and offload flags.
     used_and_flags: u64,
-    /// Removal (unless forced) is refused until this many ms after the last use.
-    lease_ms: u32,
+    /// Removal (unless forced) is refused until this many µs after the last use.
+    lease_us: u32,
     /// Pinned against the first eviction pass until this many ms after the last use
     /// (0: not pinned).
     soft_pin_ms: u32,
@@ -244,7 +257,7 @@ impl ObjectEntry {
             readable: None,
             pending: None,
             used_and_flags: Stamp::floor(now).0,
-            lease_ms: 0,
+            lease_us: 0,
             soft_pin_ms: 0,
         }
     }
@@ -259,26 +272,30 @@ impl ObjectEntry {
         Stamp(self.last_used().0 + u64::from(ms) * 1000)
     }
 
-    /// Records a read at `now` and extends the read lease to at least `now + ttl`.
+    /// When the read lease ends.
+    fn lease_end(&self) -> Stamp {
+        Stamp(self.last_used().0 + u64::from(self.lease_us))
+    }
+
+    /// Records a read at `now` and extends the read lease to at least `now + ttl`
+    /// (`now` rounded down to the microsecond: never later than `now + ttl`).
     pub fn grant_lease(&mut self, now: Instant, ttl: Duration) {
         self.touch(now);
-        let until = Stamp::ceil(now + ttl.min(MAX_ENTRY_TTL));
-        self.lease_ms = self.lease_ms.max(millis_after(until, self.last_used()));
+        let ttl_us = u64::try_from(ttl.min(MAX_LEASE_TTL).as_micros()).unwrap_or(u64::MAX);
+        let until = Stamp(Stamp::floor(now).0.saturating_add(ttl_us));
+        self.lease_us = self.lease_us.max(micros_after(until, self.last_used()));
     }
 
     /// Records a use at `now` for the LRU order, without granting a lease. The lease
-    /// and soft pin keep their ends (rounded up to the millisecond).
+    /// keeps its end; the soft pin's end is rounded up to the millisecond.
     pub fn touch(&mut self, now: Instant) {
         let (old, new) = (self.last_used(), Stamp::floor(now));
         if new <= old {
             return;
         }
-        let (lease_end, pin_end) = (
-            self.after_use(self.lease_ms),
-            self.after_use(self.soft_pin_ms),
-        );
+        let (lease_end, pin_end) = (self.lease_end(), self.after_use(self.soft_pin_ms));
         self.used_and_flags = (self.used_and_flags & !STAMP_MASK) | new.0;
-        self.lease_ms = millis_after(lease_end, new);
+        self.lease_us = micros_after(lease_end, new);
         if self.soft_pin_ms != 0 {
             self.soft_pin_ms = millis_after(pin_end, new);
         }
@@ -286,7 +303,7 @@ impl ObjectEntry {
 
     /// When the last read lease ends (at or before the last use when none was granted).
     pub fn lease_until(&self) -> Instant {
-        self.after_use(self.lease_ms).instant()
+        self.lease_end().instant()
     }
 
     /// The LRU order key: the last read or write (later means more recently used).
@@ -296,7 +313,13 @@ impl ObjectEntry {
 
     /// True while a read lease is active at `now`.
     pub fn has_lease(&self, now: Instant) -> bool {
-        self.after_use(self.lease_ms) > Stamp::floor(now)
+        self.lease_end() > Stamp::floor(now)
+    }
+
+    /// True when the object was read or written within `window` before `now`.
+    pub fn used_within(&self, now: Instant, window: Duration) -> bool {
+        now.checked_sub(window)
+            .is_none_or(|since| self.last_used() > Stamp::floor(since))
     }
 
     /// True while a soft pin is active at `now`.
@@ -323,8 +346,8 @@ impl ObjectEntry {
     /// Refuses removal (unless forced) and eviction until at least `until`, without
     /// counting as a use (a new leader honouring leases its predecessor granted).
     pub fn hold_lease_until(&mut self, until: Instant) {
-        let ms = millis_after(Stamp::ceil(until), self.last_used());
-        self.lease_ms = self.lease_ms.max(ms);
+        let us = micros_after(Stamp::ceil(until), self.last_used());
+        self.lease_us = self.lease_us.max(us);
     }
 
     /// True when the object is never evicted.

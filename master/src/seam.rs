@@ -148,6 +148,14 @@ impl Master for MasterService {
         done(self.batch_remove(&keys, force))
     }
 
+    fn clear_replicas(
+        &self,
+        keys: Vec<String>,
+        segment: Option<String>,
+    ) -> MasterFuture<'_, Vec<CodeResult<()>>> {
+        done(self.batch_clear_replicas(&keys, segment.as_deref()))
+    }
+
     fn remove_by_regex(
         &self,
         tenant: Tenant,

@@ -277,6 +277,20 @@ impl MasterRpc for MasterHandler {
         self.counted_all(RpcOp::Remove, started, results)
     }
 
+    async fn clear_replicas(
+        self,
+        _: Context,
+        keys: Vec<String>,
+        segment: Option<String>,
+    ) -> Vec<CodeResult<()>> {
+        if let Some(refused) = oversized(keys.len()) {
+            return refused;
+        }
+        let started = Instant::now();
+        let results = self.master.clear_replicas(keys, segment).await;
+        self.counted_all(RpcOp::Remove, started, results)
+    }
+
     async fn remove_by_regex(
         self,
         _: Context,

@@ -715,6 +715,67 @@ impl MasterService {
         keys.iter().map(|key| self.remove(key, force)).collect()
     }
 
+    /// Clears `key` when nobody used it for one lease TTL (upstream's
+    /// `BatchReplicaClear`): with `segment`, only its memory replicas on the segment of
+    /// that name (the object stays readable from the others; with none left, its memory
+    /// version goes and a disk copy stays), else the whole object as `remove` does.
+    /// A key read or written within the last TTL is `OBJECT_HAS_LEASE`: a fresh put
+    /// counts as leased here, although it does not block `remove`.
+    pub fn clear_replicas(&self, key: &str, segment: Option<&str>) -> CodeResult<()> {
+        self.check_key(key)?;
+        let now = self.clock.now();
+        let mut shard = self.shard(key).lock();
+        let Some(entry) = shard.get_mut(key) else {
+            drop(shard);
+            return match segment {
+                None if self.drop_disk_copy(key) => Ok(()),
+                _ => Err(ErrorCode::OBJECT_NOT_FOUND),
+            };
+        };
+        Self::check_removable(entry, now, false)?;
+        if entry.used_within(now, self.config.default_kv_lease_ttl) {
+            return Err(ErrorCode::OBJECT_HAS_LEASE);
+        }
+        let lease_until = entry.lease_until();
+        let Some(name) = segment else {
+            if let Some(entry) = shard.remove(key) {
+                self.release_entry(entry, now);
+                self.note_object(key, None);
+            }
+            drop(shard);
+            self.drop_disk_copy(key);
+            return Ok(());
+        };
+        let version = entry.readable.as_mut().ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let on_segment = |r: &StoredReplica| r.segment.name == name;
+        match version.replicas.iter().filter(|r| on_segment(r)).count() {
+            0 => return Err(ErrorCode::OBJECT_NOT_FOUND),
+            all if all == version.replicas.len() => {
+                if let Some(entry) = shard.remove(key) {
+                    self.release_entry(entry, now);
+                }
+                self.note_object(key, None);
+            }
+            _ => {
+                let dropped = version.replicas.split_off(|r| !on_segment(r));
+                self.defer_or_free(dropped, lease_until.max(now), now);
+                self.note_object(key, shard.get(key));
+            }
+        }
+        Ok(())
+    }
+
+    /// [`clear_replicas`](Self::clear_replicas) for each key.
+    pub fn batch_clear_replicas(
+        &self,
+        keys: &[String],
+        segment: Option<&str>,
+    ) -> Vec<CodeResult<()>> {
+        keys.iter()
+            .map(|key| self.clear_replicas(key, segment))
+            .collect()
+    }
+
     /// Removes every readable object (leased ones only with `force`); returns how many.
     pub fn remove_all(&self, force: bool) -> u64 {
         self.remove_matching(|_| true, force)

@@ -465,6 +465,44 @@ async fn replicas_land_on_distinct_and_preferred_segments(kind: Kind) {
     s.stop().await;
 }
 
+async fn idle_objects_clear_whole_or_by_segment(kind: Kind) {
+    let s = Subject::with_segment(kind, MasterConfig::default(), 1 << 20).await;
+    s.mount("node-b:1", 1 << 20, LOCAL_OWNER).await;
+    s.put_with("two", 10, &replicas(2)).await.expect("put");
+    s.put("one", 10).await.expect("put");
+    let clear = |keys: &[&str], segment: Option<&str>| {
+        let keys = keys.iter().map(|k| k.to_string()).collect();
+        s.master.clear_replicas(keys, segment.map(str::to_string))
+    };
+    assert_eq!(
+        clear(&["two", "one", "none"], None).await,
+        vec![
+            Err(ErrorCode::OBJECT_HAS_LEASE),
+            Err(ErrorCode::OBJECT_HAS_LEASE),
+            Err(ErrorCode::OBJECT_NOT_FOUND)
+        ],
+        "written within a lease"
+    );
+    s.clock.advance(LEASE + Duration::from_secs(1));
+    let named = segment_names(&s.read("two").await.expect("read"));
+    let first = named[0].clone();
+    s.clock.advance(LEASE + Duration::from_secs(1));
+    assert_eq!(clear(&["two"], Some(&first)).await, vec![Ok(())]);
+    let left = segment_names(&s.read("two").await.expect("still readable"));
+    assert_eq!(left.len(), 1);
+    assert_ne!(left[0], first);
+    assert_eq!(
+        clear(&["two"], None).await,
+        vec![Err(ErrorCode::OBJECT_HAS_LEASE)],
+        "read within a lease"
+    );
+    s.clock.advance(LEASE + Duration::from_secs(1));
+    assert_eq!(clear(&["two", "one"], None).await, vec![Ok(()), Ok(())]);
+    assert_eq!(s.exist("two").await, Ok(false));
+    assert_eq!(s.exist("one").await, Ok(false));
+    s.stop().await;
+}
+
 async fn eviction_is_least_recently_used_by_last_access(kind: Kind) {
     let s = Subject::with_segment(kind, filling(), 3 * 1024).await;
     s.put("read-early", 1024).await.expect("put");
@@ -792,6 +830,7 @@ conformance!(
     hard_pins_are_never_evicted,
     soft_pins_go_last,
     replicas_land_on_distinct_and_preferred_segments,
+    idle_objects_clear_whole_or_by_segment,
     eviction_is_least_recently_used_by_last_access,
     watermark_eviction_runs_in_maintenance,
     silent_clients_expire_and_remount,

@@ -285,10 +285,10 @@ impl RealClientConfig {
         let lease = flags
             .duration("default_kv_lease_ttl", true)?
             .unwrap_or(Duration::from_secs(10));
-        if lease.is_zero() || lease > mooncake_master::MAX_ENTRY_TTL {
+        if lease.is_zero() || lease > mooncake_master::MAX_LEASE_TTL {
             return Err(invalid(
                 "default_kv_lease_ttl",
-                "must be larger than zero and at most 4294967295 ms (49 days)",
+                "must be larger than zero and at most 4294967 ms (71 minutes)",
             ));
         }
         let allowed_uids = parse_uids(flags.string("allowed_uids").as_deref().unwrap_or(""))?;

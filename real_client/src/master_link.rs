@@ -34,6 +34,10 @@ pub struct MasterLink {
     reservations: Arc<Reservations>,
 }
 
+/// How much shorter than the time left a lease renewed at a remote master is asked
+/// for: the renewal's way to the master, during which its lease is not yet counted.
+pub const RENEWAL_MARGIN: Duration = Duration::from_millis(1);
+
 /// The only result of a batch of one.
 fn first<T>(results: Vec<CodeResult<T>>) -> CodeResult<T> {
     results
@@ -256,14 +260,21 @@ impl MasterLink {
         let scoped: Vec<std::borrow::Cow<'_, str>> = keys.iter().map(|k| self.scope(k)).collect();
         let mut found: Vec<CodeResult<Located>> = Vec::with_capacity(keys.len());
         let mut missing = Vec::new();
+        let mut hits = Vec::new();
         for (index, key) in scoped.iter().enumerate() {
             match self.reads.lookup(key, now, |l| keep(&l.replicas)) {
-                Lookup::Hit(located) => found.push(Ok(located)),
+                Lookup::Hit(located) => {
+                    hits.push((key.to_string(), located.lease));
+                    found.push(Ok(located));
+                }
                 Lookup::Miss(ask) => {
                     found.push(Err(ErrorCode::RPC_FAIL));
                     missing.push((index, ask));
                 }
             }
+        }
+        if !hits.is_empty() {
+            self.renew_leases(hits, now).await;
         }
         if missing.is_empty() {
             return found;
@@ -292,6 +303,37 @@ impl MasterLink {
             found[index] = located;
         }
         found
+    }
+
+    /// Renews at the master the read leases of objects read from the read cache at
+    /// `hit`, so that each lease runs one TTL from that read as if the master had been
+    /// asked (removal refused, no eviction), and ends no later. A remote master is told
+    /// without waiting for its answer, for a lease shortened by the time already passed
+    /// and [`RENEWAL_MARGIN`] (the message's way there); the master in this process at
+    /// once.
+    async fn renew_leases(&self, hits: Vec<(String, Duration)>, hit: Instant) {
+        let remote = self.master.is_remote();
+        let margin = if remote {
+            RENEWAL_MARGIN
+        } else {
+            Duration::ZERO
+        };
+        let Some(ttl) = hits.iter().map(|(_, lease)| *lease).min() else {
+            return;
+        };
+        let keys: Vec<String> = hits.into_iter().map(|(key, _)| key).collect();
+        let master = Arc::clone(&self.master);
+        let renew = async move {
+            // Counted when it leaves, however late its task ran.
+            let left = ttl.saturating_sub(hit.elapsed() + margin);
+            if !left.is_zero() {
+                let _ = master.get_replica_list(keys, Some(left)).await;
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if remote => drop(runtime.spawn(renew)),
+            _ => renew.await,
+        }
     }
 
     /// Replicas and lease of each readable object: one round trip per batch.
@@ -327,6 +369,20 @@ impl MasterLink {
         let results = self.master.remove(keys.clone(), force).await;
         // A read asked for before the removal and finished after it kept nothing (the
         // generation changed); one finished before it is forgotten here.
+        self.reads.forget(keys.iter().map(String::as_str));
+        results
+    }
+
+    /// Clears objects nobody used for one lease TTL: their memory replicas on the
+    /// segment named `segment`, or (`None`) whole (see [`Master::clear_replicas`]).
+    pub async fn clear_replicas(
+        &self,
+        keys: Vec<String>,
+        segment: Option<String>,
+    ) -> Vec<CodeResult<()>> {
+        let keys = self.scope_all(keys);
+        self.reads.forget(keys.iter().map(String::as_str));
+        let results = self.master.clear_replicas(keys.clone(), segment).await;
         self.reads.forget(keys.iter().map(String::as_str));
         results
     }

@@ -10,6 +10,10 @@
 //! `--read_cache_ms` and at most half the lease, counted from the moment the master was
 //! asked (before it granted the lease), which leaves the copy the other half.
 //!
+//! A hit renews the object's lease at the master as a read asking it would (see
+//! `MasterLink::locate`): removal stays refused, and eviction held off, until one TTL
+//! after the last read, cached or not.
+//!
 //! What it changes: within that time, a read of this client may return the version it
 //! read before although another client removed it by force or replaced it with an
 //! upsert meanwhile (never bytes of another object). This client's own removals,

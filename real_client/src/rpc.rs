@@ -13,7 +13,7 @@ use mooncake_core::protocol::rpc::{
     Declaration, DeviceBufferDecl, GetItem, MAX_INLINE_BYTES, MemRange, PingReply, PutItem,
     PutSource, RangeRead, RealClientRpc, StatusReport, WriteMode,
 };
-use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig};
+use mooncake_core::types::{MAX_KEY_LEN, ReplicaDescriptor, ReplicateConfig};
 
 use crate::metrics::Op;
 use crate::region::Region;
@@ -520,6 +520,33 @@ impl RealClientRpc for DummyHandler {
             .store
             .master()
             .remove(keys.into_inner(), force)
+            .await;
+        self.record_all(Op::Remove, started, &results, |_| 0);
+        results
+    }
+
+    async fn clear_replicas(
+        self,
+        _: Context,
+        keys: Batch<String>,
+        segment: Option<String>,
+    ) -> Vec<CodeResult<()>> {
+        let keys = keys.into_inner();
+        if segment
+            .as_ref()
+            .is_some_and(|s| s.is_empty() || s.len() > MAX_KEY_LEN)
+        {
+            return keys
+                .iter()
+                .map(|_| Err(ErrorCode::INVALID_PARAMS))
+                .collect();
+        }
+        let started = Instant::now();
+        let results = self
+            .state
+            .store
+            .master()
+            .clear_replicas(keys, segment)
             .await;
         self.record_all(Op::Remove, started, &results, |_| 0);
         results

@@ -222,13 +222,14 @@ def test_init_all_after_setup(store):
     assert MooncakeDistributedStore().init_all("tcp", "", 1 << 20) == -1
 
 
-def test_batch_replica_clear_removes_unleased_objects(store, keys):
+def test_batch_replica_clear_keeps_objects_used_within_a_lease(store, keys):
+    # Clearing idle objects (and one segment's replicas): test_replica_clear.py.
     a, b = keys("a"), keys("b")
     assert store.put(a, b"1") == OK and store.put(b, b"2") == OK
     assert store.batch_replica_clear([a, keys("missing")], "no-such-segment:1") == []
-    assert store.batch_replica_clear([a, keys("missing")], store.get_hostname()) == [a]
-    assert store.batch_replica_clear([b]) == [b]
-    assert store.batch_is_exist([a, b]) == [0, 0]
+    assert store.batch_replica_clear([a, keys("missing")], store.get_hostname()) == []
+    assert store.batch_replica_clear([b]) == []
+    assert store.batch_is_exist([a, b]) == [1, 1]
 
 
 def test_offload_rpc_read_count_starts_at_zero(store):

@@ -426,3 +426,56 @@ def test_store_service_routes(dummy_store, monkeypatch):
     finally:
         service.store = None  # the session's store stays open
         service.stop()
+
+
+# ----- runtime dependencies, as upstream's wheel declares them -----
+
+# Requires-Dist of upstream's wheel (mooncake-transfer-engine 0.3.13.post1), without its
+# marker for Pythons older than 3.10.
+UPSTREAM_REQUIRES = ("aiohttp", "requests", "msgpack")
+
+CODEC_CHECK = """
+import importlib.metadata as md, json
+from mooncake.structured_object_store import _choose_leaf_codec
+requires = [r.split(";")[0].strip() for r in md.requires("mooncake-rs") or [] if "extra ==" not in r]
+imported = {}
+for name in %r:
+    try:
+        __import__(name)
+        imported[name] = True
+    except ImportError:
+        imported[name] = False
+# Rows JSON cannot round-trip exactly (bytes): msgpack when it is there.
+decision = _choose_leaf_codec([{"a": b"x"}, {"b": [1, 2]}])
+print(json.dumps({"requires": requires, "imported": imported,
+                  "codec": decision.codec, "accepted": decision.accepted}))
+""" % (UPSTREAM_REQUIRES,)
+
+
+@pytest.fixture(scope="module")
+def wheel_file():
+    wheel = os.environ.get("MOONCAKE_WHEEL")
+    if not wheel:
+        pytest.skip("MOONCAKE_WHEEL is not set: it names the mooncake-rs wheel (.ci/run builds it)")
+    return wheel
+
+
+def test_a_fresh_venv_gets_upstreams_runtime_dependencies_and_the_msgpack_codec(wheel_file, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    install = subprocess.run(
+        # numpy: the structured-object store needs it, as upstream's does (engines have it).
+        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", wheel_file, "numpy"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert install.returncode == 0, install.stderr
+    # Outside the repository, so that only the installed package is importable.
+    checked = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", CODEC_CHECK],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert checked.returncode == 0, checked.stderr
+    report = json.loads(checked.stdout.strip().splitlines()[-1])
+    assert sorted(report["requires"]) == sorted(UPSTREAM_REQUIRES), report
+    assert all(report["imported"].values()), report
+    assert (report["codec"], report["accepted"]) == ("msgpack_ragged", True), report

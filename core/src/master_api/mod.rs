@@ -154,6 +154,16 @@ pub trait Master: Send + Sync + std::fmt::Debug {
     /// Removes objects (`force`: even while leased).
     fn remove(&self, keys: Vec<String>, force: bool) -> MasterFuture<'_, Vec<CodeResult<()>>>;
 
+    /// Clears objects nobody read or wrote for one lease TTL: their memory replicas on
+    /// the segment named `segment`, or (`None`) the whole objects (upstream's
+    /// `BatchReplicaClear`). One result per key: `OBJECT_HAS_LEASE` when it was used
+    /// within the TTL, `OBJECT_NOT_FOUND` when it has no replica to clear.
+    fn clear_replicas(
+        &self,
+        keys: Vec<String>,
+        segment: Option<String>,
+    ) -> MasterFuture<'_, Vec<CodeResult<()>>>;
+
     /// Removes the objects of `tenant` whose key (without the tenant's prefix) matches
     /// `pattern`; answers how many were removed.
     fn remove_by_regex(

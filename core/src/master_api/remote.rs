@@ -599,6 +599,24 @@ impl Master for RemoteMaster {
         })
     }
 
+    fn clear_replicas(
+        &self,
+        keys: Vec<String>,
+        segment: Option<String>,
+    ) -> MasterFuture<'_, Vec<CodeResult<()>>> {
+        Box::pin(async move {
+            chunked(keys, |chunk| {
+                self.call_or_block(
+                    (chunk, segment.clone()),
+                    |(keys, segment)| MasterRpcRequest::ClearReplicas { keys, segment },
+                    unpack!(ClearReplicas),
+                    |c, (keys, segment)| async move { c.clear_replicas(ctx(), keys, segment).await },
+                )
+            })
+            .await
+        })
+    }
+
     fn remove_by_regex(
         &self,
         tenant: Tenant,

@@ -446,6 +446,12 @@ mod tests {
                     keys: keys.into(),
                     force,
                 }),
+                (keys(), proptest::option::of(key())).prop_map(|(keys, segment)| {
+                    RealClientRpcRequest::ClearReplicas {
+                        keys: keys.into(),
+                        segment,
+                    }
+                }),
                 proptest::collection::vec(range(), 0..4).prop_map(|ranges| {
                     RealClientRpcRequest::DeclareMemory {
                         ranges: ranges.into(),
@@ -478,6 +484,9 @@ mod tests {
                 sized().prop_map(|items| MasterRpcRequest::PutEnd { items }),
                 (keys(), any::<Option<u64>>()).prop_map(|(keys, lease_ms)| {
                     MasterRpcRequest::GetReplicaList { keys, lease_ms }
+                }),
+                (keys(), proptest::option::of(key())).prop_map(|(keys, segment)| {
+                    MasterRpcRequest::ClearReplicas { keys, segment }
                 }),
                 (key(), key(), any::<bool>()).prop_map(|(tenant, pattern, force)| {
                     MasterRpcRequest::RemoveByRegex {

@@ -9,7 +9,7 @@ use crate::protocol::rpc::WriteMode;
 use crate::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 /// Version of the master protocol; clients and master must agree exactly.
-pub const MASTER_PROTOCOL_VERSION: u32 = 10;
+pub const MASTER_PROTOCOL_VERSION: u32 = 11;
 
 /// Most items one batch call may carry; a larger batch is refused with
 /// `INVALID_PARAMS` for every item (clients split their batches at this size).
@@ -76,6 +76,8 @@ pub trait MasterRpc {
     async fn replica_desc(keys: Vec<String>) -> Vec<CodeResult<Vec<ReplicaDescriptor>>>;
     /// Removes objects.
     async fn remove(keys: Vec<String>, force: bool) -> Vec<CodeResult<()>>;
+    /// Clears objects unused for one lease TTL: their replicas on `segment`, or whole.
+    async fn clear_replicas(keys: Vec<String>, segment: Option<String>) -> Vec<CodeResult<()>>;
     /// Removes the objects of `tenant` whose key matches a regex.
     async fn remove_by_regex(tenant: String, pattern: String, force: bool) -> CodeResult<u64>;
     /// Removes every object of `tenant`.

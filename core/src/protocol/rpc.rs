@@ -283,6 +283,11 @@ pub trait RealClientRpc {
     async fn remove(keys: Batch<String>, force: bool) -> Vec<CodeResult<()>>;
     /// Removes every object; returns how many.
     async fn remove_all(force: bool) -> CodeResult<u64>;
+    /// Clears objects nobody read or wrote for one lease TTL (upstream's
+    /// `batch_replica_clear`): their memory replicas on the segment named `segment`
+    /// (at most [`MAX_KEY_LEN`](crate::types::MAX_KEY_LEN) bytes), or (`None`) the whole
+    /// objects.
+    async fn clear_replicas(keys: Batch<String>, segment: Option<String>) -> Vec<CodeResult<()>>;
     /// The real client's state: dummies, mappings, segment usage, object count.
     async fn status() -> StatusReport;
     /// Declares ranges of the dummy's ordinary memory (registered buffers outside its

@@ -774,6 +774,26 @@ impl PyStore {
         })
     }
 
+    /// Clears the objects among `keys` that nobody read or wrote for one lease TTL:
+    /// their memory replicas on the segment `segment_name`, or (empty) whole. Returns
+    /// the keys cleared.
+    #[pyo3(signature = (keys, segment_name=String::new()))]
+    fn batch_replica_clear(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        segment_name: String,
+    ) -> Vec<String> {
+        self.with(py, Vec::new(), move |c| {
+            let segment = (!segment_name.is_empty()).then_some(segment_name.as_str());
+            let results = c.clear_replicas(&keys, segment);
+            keys.into_iter()
+                .zip(results)
+                .filter_map(|(key, result)| result.is_ok().then_some(key))
+                .collect()
+        })
+    }
+
     #[pyo3(signature = (regex_pattern, force=false))]
     fn remove_by_regex(&self, py: Python<'_>, regex_pattern: String, force: bool) -> i64 {
         self.with(py, not_ready(), move |c| {

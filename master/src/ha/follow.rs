@@ -469,6 +469,18 @@ impl Master for LeaderFollower {
         }))
     }
 
+    fn clear_replicas(
+        &self,
+        keys: Vec<String>,
+        segment: Option<String>,
+    ) -> MasterFuture<'_, Vec<CodeResult<()>>> {
+        let refuse = refuse_all(keys.len());
+        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
+            let (keys, segment) = (keys.clone(), segment.clone());
+            async move { l.master.clear_replicas(keys, segment).await }
+        }))
+    }
+
     fn remove_by_regex(
         &self,
         tenant: Tenant,

@@ -501,6 +501,18 @@ impl Master for HaNode {
         )
     }
 
+    fn clear_replicas(
+        &self,
+        keys: Vec<String>,
+        segment: Option<String>,
+    ) -> MasterFuture<'_, Vec<CodeResult<()>>> {
+        let count = keys.len();
+        self.write(
+            move |code| refuse_all(count, code),
+            move |m| Master::clear_replicas(m, keys, segment),
+        )
+    }
+
     fn remove_by_regex(
         &self,
         tenant: Tenant,

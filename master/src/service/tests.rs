@@ -1,6 +1,6 @@
 use super::*;
 use crate::{ClientStatus, LOCAL_OWNER, MAX_REGEX_LEN, TaskStatus};
-use mooncake_core::types::SoftPinAction;
+use mooncake_core::types::{ReplicaLocation, SoftPinAction};
 
 fn master(capacity: u64) -> (MasterService, Clock) {
     let clock = Clock::manual();
@@ -848,4 +848,100 @@ fn a_reserved_write_is_committed_under_its_key_once_and_survives_an_existing_key
         master.put_commit("__r/2", other.write_id, "__r/2"),
         Err(ErrorCode::INVALID_PARAMS)
     );
+}
+
+#[test]
+fn a_read_lease_ends_one_ttl_after_the_read_and_no_later() {
+    let (master, clock) = master(1 << 20);
+    put(&master, "k", 100).expect("put");
+    // A read at an instant between two microseconds.
+    clock.advance(Duration::from_nanos(123_456_789));
+    master.get_replica_list("k").expect("read");
+    clock.advance(Duration::from_secs(10) - Duration::from_micros(2));
+    assert_eq!(master.remove("k", false), Err(ErrorCode::OBJECT_HAS_LEASE));
+    // Uses in between (an existence check without a lease) keep the end exact.
+    assert_eq!(
+        master.exist_within("k", &mut LeaseBudget(Some(0))),
+        Ok(Some(100))
+    );
+    clock.advance(Duration::from_micros(2));
+    assert_eq!(
+        master.remove("k", false),
+        Ok(()),
+        "the lease outlived one TTL"
+    );
+}
+
+#[test]
+fn a_shorter_lease_asked_for_ends_at_its_own_end() {
+    let (master, clock) = master(1 << 20);
+    put(&master, "k", 100).expect("put");
+    master
+        .get_replica_list_leased("k", Some(Duration::from_millis(300)))
+        .expect("read");
+    clock.advance(Duration::from_millis(299));
+    assert_eq!(master.remove("k", false), Err(ErrorCode::OBJECT_HAS_LEASE));
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(master.remove("k", false), Ok(()));
+}
+
+#[test]
+fn clearing_skips_objects_read_or_written_within_a_lease() {
+    let (master, clock) = master(1 << 20);
+    put(&master, "written", 100).expect("put");
+    assert_eq!(
+        master.clear_replicas("written", None),
+        Err(ErrorCode::OBJECT_HAS_LEASE)
+    );
+    assert_eq!(
+        master.remove("written", false),
+        Ok(()),
+        "a fresh put does not block remove"
+    );
+    put(&master, "read", 100).expect("put");
+    clock.advance(Duration::from_secs(11));
+    master.get_replica_list("read").expect("read");
+    assert_eq!(
+        master.clear_replicas("read", None),
+        Err(ErrorCode::OBJECT_HAS_LEASE)
+    );
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(master.clear_replicas("read", None), Ok(()));
+    assert_eq!(master.exist("read"), Ok(false));
+    assert_eq!(
+        master.clear_replicas("read", None),
+        Err(ErrorCode::OBJECT_NOT_FOUND)
+    );
+}
+
+#[test]
+fn clearing_one_segment_keeps_the_replicas_elsewhere() {
+    let (master, clock) = master(1 << 20);
+    master
+        .mount_segment("node-b:50052", 1 << 20, LOCAL_OWNER, "")
+        .expect("mount b");
+    let config = ReplicateConfig {
+        replica_num: 2,
+        ..ReplicateConfig::default()
+    };
+    master.put_start("k", 100, &config).expect("start");
+    end(&master, "k").expect("end");
+    clock.advance(Duration::from_secs(11));
+    assert_eq!(
+        master.clear_replicas("k", Some("node-c:1")),
+        Err(ErrorCode::OBJECT_NOT_FOUND)
+    );
+    assert_eq!(master.clear_replicas("k", Some("node-a:50052")), Ok(()));
+    let (replicas, _) = master.get_replica_list("k").expect("still readable");
+    let names: Vec<_> = replicas
+        .iter()
+        .filter_map(|r| match &r.location {
+            ReplicaLocation::Memory { segment_name, .. } => Some(segment_name.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(names, ["node-b:50052"]);
+    clock.advance(Duration::from_secs(11));
+    assert_eq!(master.clear_replicas("k", Some("node-b:50052")), Ok(()));
+    assert_eq!(master.exist("k"), Ok(false));
 }

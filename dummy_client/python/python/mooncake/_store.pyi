@@ -333,6 +333,9 @@ class _StoreBase:
     def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
         """``remove`` for many keys in one request; one code per key."""
 
+    def batch_replica_clear(self, keys: Sequence[str], segment_name: str = "") -> list[str]:
+        """Clears the objects among ``keys`` unused for one lease TTL (on ``segment_name`` only, when given); the keys cleared."""
+
     def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
         """Removes every object whose key matches ``regex_pattern``; how many, or a negative code."""
 

@@ -396,17 +396,6 @@ class MooncakeDistributedStore(TensorMixin, _StoreBase):
         when the store is set up, -1 otherwise."""
         return 0 if self.health_check() != 1 else -1
 
-    def batch_replica_clear(self, keys, segment_name=""):
-        """Removes the objects among ``keys`` whose read lease has expired (when
-        ``segment_name`` is given: only objects with a replica there). Returns the keys
-        cleared."""
-        keys = list(keys)
-        if segment_name:
-            replicas = self.batch_get_replica_desc(keys)
-            keys = [k for k in keys if any(_segment_of(r) == segment_name for r in replicas.get(k, []))]
-        codes = self.batch_remove(keys, False) if keys else []
-        return [key for key, code in zip(keys, codes) if code == 0]
-
     def get_offload_rpc_read_count(self):
         """Reads this node served from another node's SSD tier since its real client
         started (0 when unreachable)."""
@@ -434,12 +423,6 @@ class _PutSession:
         for ptr, size, offset in zip(ptrs, sizes, offsets):
             ctypes.memmove(self.ptr + offset, ptr, size)
         return 0
-
-
-def _segment_of(replica):
-    if replica.is_memory_replica():
-        return replica.get_memory_descriptor().segment_name
-    return replica.get_disk_descriptor().file_path
 
 
 _LOGGED = set()

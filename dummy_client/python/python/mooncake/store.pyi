@@ -459,7 +459,7 @@ class MooncakeDistributedStore(_StoreBase):
         """Removes every readable object without a lease; how many, or a code."""
 
     def batch_replica_clear(self, keys: Sequence[str], segment_name: str = "") -> list[str]:
-        """Removes the whole objects among ``keys`` without a lease (with ``segment_name``: those with a replica there); the keys cleared."""
+        """Clears the objects among ``keys`` that nobody read or wrote for one lease TTL: their memory replicas on the segment ``segment_name`` (the other replicas keep serving them), or (empty) the whole objects; the keys cleared."""
 
     # ----- tasks -----
     def create_copy_task(self, key: str, targets: Iterable[str]) -> tuple[_TaskId | None, int]:
