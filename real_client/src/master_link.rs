@@ -309,31 +309,31 @@ impl MasterLink {
     /// `hit`, so that each lease runs one TTL from that read as if the master had been
     /// asked (removal refused, no eviction), and ends no later. A remote master is told
     /// without waiting for its answer, for a lease shortened by the time already passed
-    /// and [`RENEWAL_MARGIN`] (the message's way there); the master in this process at
-    /// once.
+    /// and [`RENEWAL_MARGIN`] (the message's way there); the master in this process is
+    /// told at once, before the copy and so before the read is answered (an existence
+    /// check: a lease of one TTL, no replica list to build; or this link's shorter
+    /// lease).
     async fn renew_leases(&self, hits: Vec<(String, Duration)>, hit: Instant) {
-        let remote = self.master.is_remote();
-        let margin = if remote {
-            RENEWAL_MARGIN
-        } else {
-            Duration::ZERO
+        let keys: Vec<String> = hits.iter().map(|(key, _)| key.clone()).collect();
+        let runtime = tokio::runtime::Handle::try_current();
+        let (true, Ok(runtime)) = (self.master.is_remote(), runtime) else {
+            match self.read_lease {
+                None => drop(self.master.exist(keys, LeaseBudget(None)).await),
+                short => drop(self.master.get_replica_list(keys, short).await),
+            }
+            return;
         };
         let Some(ttl) = hits.iter().map(|(_, lease)| *lease).min() else {
             return;
         };
-        let keys: Vec<String> = hits.into_iter().map(|(key, _)| key).collect();
         let master = Arc::clone(&self.master);
-        let renew = async move {
+        runtime.spawn(async move {
             // Counted when it leaves, however late its task ran.
-            let left = ttl.saturating_sub(hit.elapsed() + margin);
+            let left = ttl.saturating_sub(hit.elapsed() + RENEWAL_MARGIN);
             if !left.is_zero() {
                 let _ = master.get_replica_list(keys, Some(left)).await;
             }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) if remote => drop(runtime.spawn(renew)),
-            _ => renew.await,
-        }
+        });
     }
 
     /// Replicas and lease of each readable object: one round trip per batch.

@@ -1,6 +1,7 @@
 """Where a read lease ends, in the setup of upstream's own wheel tests: a standalone
 ``mooncake_master --default_kv_lease_ttl=500``, used by an embedded ``setup()`` store and
-by a dummy attached to a real client of that master.
+by a dummy attached to a real client of that master; and with the master embedded in
+``mooncake_client`` (``--default_kv_lease_ttl=500``).
 
 Upstream's promise (docs/eviction-and-leases.md): a read at ``t`` leases the object
 until ``t + TTL`` and no later, so a non-forced ``remove`` is refused before that and
@@ -30,10 +31,15 @@ def lease_master(start_master):
     return start_master("--default_kv_lease_ttl=500")
 
 
-@pytest.fixture(params=["embedded", "dummy"])
-def lease_store(request, lease_master, master_client, connect):
+@pytest.fixture(params=["embedded", "dummy", "dummy_of_embedded_master"])
+def lease_store(request, lease_master, master_client, start_client, connect):
     """A store of the standalone master above: embedded (its own in-process real
-    client), or a dummy of a real client joined to the master."""
+    client), or a dummy of a real client joined to the master; or a dummy of a real
+    client whose master runs in its own process (the single-node default)."""
+    if request.param == "dummy_of_embedded_master":
+        client = start_client("--default_kv_lease_ttl=500", segment="64MB")
+        yield connect(client.address)
+        return
     if request.param == "dummy":
         client = master_client(lease_master, segment="64MB")
         yield connect(client.address)
