@@ -1,6 +1,7 @@
 //! Settings of `mooncake_client`: flags, their environment fallbacks and defaults, and
 //! validation.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,9 +44,9 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
     FlagSpec::value("metadata_server", Some("http://127.0.0.1:8080/metadata"), "transfer-engine metadata server")
         .env("MOONCAKE_TE_META_DATA_SERVER")
         .compat(Compat::NoEffect("segment and endpoint metadata travel through the master, as with P2PHANDSHAKE", Accepts::Any)),
-    FlagSpec::value("protocol", Some("tcp"), "transfer protocol: tcp")
+    FlagSpec::value("protocol", Some("tcp"), "transfer protocol: tcp, or auto (RDMA where available, else TCP)")
         .env("MOONCAKE_PROTOCOL")
-        .compat(Compat::Differs("tcp only; rdma is refused")),
+        .compat(Compat::Differs("tcp or auto (ours); rdma is refused with what was looked for")),
     FlagSpec::value("device_names", Some(""), "RDMA devices (rdma protocol only)")
         .env("MOONCAKE_DEVICE")
         .compat(Compat::NoEffect("only tcp is available; device names are not used", Accepts::Any)),
@@ -121,6 +122,9 @@ pub const CONFIG_PATH_VAR: &str = "MOONCAKE_CONFIG_PATH";
 pub struct RealClientConfig {
     /// Host name other nodes use; the segment is named `host:port`.
     pub host: String,
+    /// Why this node's bytes move over TCP: asked for, or what `--protocol auto` found
+    /// (see [`crate::protocol_choice`]).
+    pub transport_reason: String,
     /// Instance port.
     pub port: u16,
     /// Where dummies connect; `None` serves only in-process dummies (embedded mode).
@@ -277,7 +281,7 @@ impl RealClientConfig {
         let master_address =
             parse_master_address(&flags.string("master_server_address").unwrap_or_default())?;
         check_pure_client(global_segment_size, master_address.as_deref())?;
-        check_protocol(&flags.string("protocol").unwrap_or_default())?;
+        let transport_reason = check_protocol(&flags.string("protocol").unwrap_or_default())?;
         let offload = offload_settings(
             flags.bool("enable_offload")?,
             flags.string("offload_path").as_deref(),
@@ -296,6 +300,7 @@ impl RealClientConfig {
         let log = LogSettings::from_flags(PROGRAM.name, flags)?;
         Ok(RealClientConfig {
             host: checked_host(flags.string("host").unwrap_or_else(|| "0.0.0.0".into()))?,
+            transport_reason,
             port,
             socket,
             allowed_uids,
@@ -374,7 +379,7 @@ impl RealClientConfig {
         config.global_segment_size = options.global_segment_size;
         config.master_address = parse_master_address(&options.master_address)?;
         check_pure_client(config.global_segment_size, config.master_address.as_deref())?;
-        check_protocol(&options.protocol)?;
+        config.transport_reason = check_protocol(&options.protocol)?;
         if let Some(tenant) = options.tenant_id {
             config.tenant_id = checked_tenant(tenant)?;
         }
@@ -577,15 +582,18 @@ fn check_pure_client(global_segment_size: u64, master: Option<&str>) -> Result<(
     Ok(())
 }
 
-/// Only TCP transfers exist in this build.
-fn check_protocol(protocol: &str) -> Result<(), ConfigError> {
-    if protocol != "tcp" {
-        return Err(invalid(
-            "protocol",
-            format!("{protocol:?}: only tcp is available in this build"),
-        ));
-    }
-    Ok(())
+/// The transport for `--protocol` (TCP in this build) and why; `rdma` is refused with
+/// what was looked for and the fix.
+fn check_protocol(protocol: &str) -> Result<String, ConfigError> {
+    use crate::protocol_choice::{Protocol, RDMA_DEVICE_DIR, choose, rdma_devices};
+    let asked = Protocol::parse(protocol).map_err(|reason| invalid("protocol", reason))?;
+    let devices = match asked {
+        Protocol::Tcp => Vec::new(),
+        Protocol::Rdma | Protocol::Auto => rdma_devices(Path::new(RDMA_DEVICE_DIR)),
+    };
+    choose(asked, &devices)
+        .map(|chosen| chosen.reason)
+        .map_err(|reason| invalid("protocol", reason))
 }
 
 /// The SSD tier's settings when `enabled`: `MOONCAKE_OFFLOAD_*`, with `path` (when
@@ -745,8 +753,14 @@ mod tests {
                 protocol: "rdma".into(),
                 ..options()
             })
-            .contains("protocol")
+            .contains("--protocol tcp")
         );
+        let auto = RealClientConfig::embedded(EmbeddedOptions {
+            protocol: "auto".into(),
+            ..options()
+        })
+        .expect("auto runs over TCP");
+        assert!(!auto.transport_reason.is_empty());
         assert!(
             bad(EmbeddedOptions {
                 port: 0,

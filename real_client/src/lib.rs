@@ -31,6 +31,7 @@ pub mod in_process;
 mod liveness;
 pub mod master_link;
 pub mod metrics;
+pub mod protocol_choice;
 pub mod read_cache;
 pub mod read_leases;
 pub mod region;
@@ -407,6 +408,7 @@ impl RealClient {
             master = %config.master_address.as_deref().unwrap_or("embedded"),
             embedded_master_tcp = ?self.embedded_master.as_ref().and_then(|m| m.running.rpc_address),
             protocol = "tcp",
+            protocol_reason = %config.transport_reason,
             max_dummy_shm_size = %format_size(config.max_dummy_shm_size),
             max_total_dummy_shm_size = %format_size(config.max_total_dummy_shm_size),
             max_dummy_sessions = config.max_dummy_sessions,

@@ -325,7 +325,19 @@ def test_setup_embedded_rejects_bad_settings():
     store = MooncakeDistributedStore()
     assert store.setup("localhost", "P2PHANDSHAKE", 16 * MB, 4 * MB, "rdma-nonexistent", "", "embedded") == -1
     assert store.setup("localhost", "P2PHANDSHAKE", 0, 4 * MB, "tcp", "", "embedded") == -1
+    # No RDMA transport in this build: "rdma" is refused (SGLang's default), on any machine.
+    assert store.setup("localhost", "P2PHANDSHAKE", 16 * MB, 4 * MB, "rdma", "", "embedded") == -1
     assert store.health_check() == 1
+
+
+def test_setup_with_protocol_auto_runs_over_tcp(keys):
+    store = MooncakeDistributedStore()
+    try:
+        assert store.setup("localhost", "P2PHANDSHAKE", 16 * MB, 4 * MB, "auto", "", "embedded") == 0
+        assert store.put(keys("auto"), b"over tcp") == OK
+        assert store.get(keys("auto")) == b"over tcp"
+    finally:
+        store.close()
 
 
 def test_embedded_stores_are_independent(embedded):
