@@ -6,10 +6,12 @@
 //! * [`flags`], [`config_file`]: the gflags-compatible command-line parser both
 //!   binaries use, and flat JSON/YAML configuration files;
 //! * [`allocator`]: the range allocator behind segments and the dummy pool;
-//! * [`master_api`]: the master seam ([`Master`](master_api::Master)), its wire
-//!   values, and [`RemoteMaster`](master_api::RemoteMaster) (the master service itself
-//!   lives in the `mooncake-master` crate);
-//! * [`protocol`]: the dummy ↔ real client handshake and the RPC definitions;
+//! * [`master_api`]: the master seam ([`Master`](master_api::Master)), every master
+//!   call declared once ([`MasterRequest`](master_api::MasterRequest)), typed helpers
+//!   ([`MasterExt`](master_api::MasterExt)) and the values they carry (the master
+//!   service itself lives in the `mooncake-master` crate);
+//! * [`protocol`]: the dummy ↔ real client handshake, the RPC definitions and
+//!   [`RemoteMaster`](protocol::master_client::RemoteMaster), a master reached over TCP;
 //! * [`ids`]: random identifiers of processes, clients and tasks.
 
 pub mod allocator;

@@ -142,6 +142,15 @@ pub struct ReplicaDescriptor {
     pub grant: Option<crate::protocol::grant::Grant>,
 }
 
+/// Whether a write may replace an existing object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WriteMode {
+    /// Insert only: an existing key is kept (and the put reports success).
+    Put,
+    /// Insert or replace.
+    Upsert,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,234 +1,156 @@
 //! [`MasterService`] as a [`Master`]: the in-process implementation of the master seam,
 //! used by an embedded master's real client and by the RPC server of `mooncake_master`.
-//! Every call answers at once (the futures are ready when made).
+//! [`MasterService::handle`] is the one dispatch of every call; it answers at once.
 
 use std::future::ready;
-use std::time::Duration;
 
-use mooncake_core::error::CodeResult;
+use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master_api::{
-    ClientStatus, LeaseBudget, LeasedReplicas, Master, MasterFuture, MasterStats, OffloadWork,
-    PutStarted, TaskInfo, TaskWork,
+    MASTER_PROTOCOL_VERSION, Master, MasterFuture, MasterHello, MasterRequest, MasterResponse,
 };
-use mooncake_core::protocol::master_rpc::{MASTER_PROTOCOL_VERSION, MasterHello};
-use mooncake_core::protocol::rpc::WriteMode;
 use mooncake_core::tenant::Tenant;
-use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
+use mooncake_core::types::WriteMode;
 
 use crate::MasterService;
-
-/// A future that is ready with `value`.
-fn done<'a, T: Send + 'a>(value: T) -> MasterFuture<'a, T> {
-    Box::pin(ready(value))
-}
 
 fn count(max: u32) -> usize {
     usize::try_from(max).unwrap_or(usize::MAX)
 }
 
+/// The tenant a request names, `INVALID_PARAMS` when the name is not a valid one.
+fn tenant(name: &str) -> CodeResult<Tenant> {
+    Tenant::new(name).map_err(|_| ErrorCode::INVALID_PARAMS)
+}
+
+impl MasterService {
+    /// Answers one master call.
+    pub fn handle(&self, request: MasterRequest) -> MasterResponse {
+        use MasterRequest as Q;
+        use MasterResponse as A;
+        match request {
+            Q::MountSegment {
+                client,
+                name,
+                capacity,
+                endpoint,
+            } => A::MountSegment(self.mount_segment(&name, capacity, client, &endpoint)),
+            Q::UnmountClient { client } => {
+                self.remove_client(client);
+                A::UnmountClient(Ok(()))
+            }
+            Q::Heartbeat { client } => A::Heartbeat(Ok(self.heartbeat(client))),
+            Q::PutStart {
+                items,
+                config,
+                mode,
+            } => A::PutStart(
+                items
+                    .iter()
+                    .map(|(key, size)| match mode {
+                        WriteMode::Put => self.put_start(key, *size, &config),
+                        WriteMode::Upsert => self.upsert_start(key, *size, &config),
+                    })
+                    .collect(),
+            ),
+            Q::PutEnd { items } => A::PutEnd(
+                items
+                    .iter()
+                    .map(|(key, id)| self.put_end(key, *id))
+                    .collect(),
+            ),
+            Q::PutRevoke { items } => A::PutRevoke(
+                items
+                    .iter()
+                    .map(|(key, id)| self.put_revoke(key, *id))
+                    .collect(),
+            ),
+            Q::PutCommit { items } => A::PutCommit(
+                items
+                    .iter()
+                    .map(|(reserved, id, key)| self.put_commit(reserved, *id, key))
+                    .collect(),
+            ),
+            Q::GetReplicaList { keys, lease } => A::GetReplicaList(
+                keys.iter()
+                    .map(|key| self.get_replica_list_leased(key, lease))
+                    .collect(),
+            ),
+            Q::Exist { keys, mut budget } => A::Exist(
+                keys.iter()
+                    .map(|key| self.exist_within(key, &mut budget))
+                    .collect(),
+            ),
+            Q::ObjectSize { key } => A::ObjectSize(self.object_size(&key)),
+            Q::ReplicaDesc { keys } => A::ReplicaDesc(
+                keys.iter()
+                    .map(|key| self.replica_descriptors(key))
+                    .collect(),
+            ),
+            Q::Remove { keys, force } => A::Remove(self.batch_remove(&keys, force)),
+            Q::ClearReplicas { keys, segment } => {
+                A::ClearReplicas(self.batch_clear_replicas(&keys, segment.as_deref()))
+            }
+            Q::RemoveByRegex {
+                tenant: name,
+                pattern,
+                force,
+            } => A::RemoveByRegex(
+                tenant(&name).and_then(|t| self.remove_by_regex_of(&t, &pattern, force)),
+            ),
+            Q::RemoveAll {
+                tenant: name,
+                force,
+            } => A::RemoveAll(tenant(&name).map(|t| self.remove_all_of(&t, force))),
+            Q::CreateCopyTask { key, targets, id } => {
+                A::CreateCopyTask(self.create_copy_task(&key, &targets, id))
+            }
+            Q::CreateMoveTask {
+                key,
+                source,
+                target,
+                id,
+            } => A::CreateMoveTask(self.create_move_task(&key, &source, &target, id)),
+            Q::QueryTask { id } => A::QueryTask(self.query_task(id)),
+            Q::FetchTasks { client, max } => {
+                A::FetchTasks(Ok(self.fetch_tasks(client, count(max))))
+            }
+            Q::FinishTask {
+                client,
+                id,
+                outcome,
+            } => A::FinishTask(self.finish_task(client, id, outcome)),
+            Q::EnableOffload { client } => A::EnableOffload(self.enable_offload(client)),
+            Q::OffloadFetch { client, max } => {
+                A::OffloadFetch(self.offload_fetch(client, count(max)))
+            }
+            Q::OffloadDone { client, objects } => {
+                A::OffloadDone(self.offload_done(client, &objects))
+            }
+            Q::DiskEvicted { client, keys } => {
+                self.disk_evicted(client, &keys);
+                A::DiskEvicted(Ok(()))
+            }
+            Q::Stats {} => A::Stats(Ok(self.stats())),
+        }
+    }
+}
+
 impl Master for MasterService {
     fn hello(&self) -> MasterFuture<'_, CodeResult<MasterHello>> {
         let lease = self.config().default_kv_lease_ttl;
-        done(Ok(MasterHello {
+        Box::pin(ready(Ok(MasterHello {
             version: MASTER_PROTOCOL_VERSION,
             master_id: self.id(),
             lease_ttl_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
             epoch: 0,
-        }))
+        })))
     }
 
     fn is_remote(&self) -> bool {
         false
     }
 
-    fn mount_segment(
-        &self,
-        client: u128,
-        name: String,
-        capacity: u64,
-        endpoint: String,
-    ) -> MasterFuture<'_, CodeResult<SegmentId>> {
-        done(MasterService::mount_segment(
-            self, &name, capacity, client, &endpoint,
-        ))
-    }
-
-    fn unmount_client(&self, client: u128) -> MasterFuture<'_, CodeResult<()>> {
-        self.remove_client(client);
-        done(Ok(()))
-    }
-
-    fn heartbeat(&self, client: u128) -> MasterFuture<'_, CodeResult<ClientStatus>> {
-        done(Ok(MasterService::heartbeat(self, client)))
-    }
-
-    fn put_start(
-        &self,
-        items: Vec<(String, u64)>,
-        config: ReplicateConfig,
-        mode: WriteMode,
-    ) -> MasterFuture<'_, Vec<CodeResult<PutStarted>>> {
-        let results = items
-            .iter()
-            .map(|(key, size)| match mode {
-                WriteMode::Put => MasterService::put_start(self, key, *size, &config),
-                WriteMode::Upsert => self.upsert_start(key, *size, &config),
-            })
-            .collect();
-        done(results)
-    }
-
-    fn put_end(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
-        let results = items
-            .iter()
-            .map(|(key, id)| MasterService::put_end(self, key, *id))
-            .collect();
-        done(results)
-    }
-
-    fn put_commit(
-        &self,
-        items: Vec<(String, u64, String)>,
-    ) -> MasterFuture<'_, Vec<CodeResult<()>>> {
-        let results = items
-            .iter()
-            .map(|(reserved, id, key)| MasterService::put_commit(self, reserved, *id, key))
-            .collect();
-        done(results)
-    }
-
-    fn put_revoke(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
-        let results = items
-            .iter()
-            .map(|(key, id)| MasterService::put_revoke(self, key, *id))
-            .collect();
-        done(results)
-    }
-
-    fn get_replica_list(
-        &self,
-        keys: Vec<String>,
-        lease: Option<Duration>,
-    ) -> MasterFuture<'_, Vec<CodeResult<LeasedReplicas>>> {
-        let results = keys
-            .iter()
-            .map(|key| self.get_replica_list_leased(key, lease))
-            .collect();
-        done(results)
-    }
-
-    fn exist(
-        &self,
-        keys: Vec<String>,
-        mut budget: LeaseBudget,
-    ) -> MasterFuture<'_, Vec<CodeResult<Option<u64>>>> {
-        done(
-            keys.iter()
-                .map(|key| self.exist_within(key, &mut budget))
-                .collect(),
-        )
-    }
-
-    fn object_size(&self, key: String) -> MasterFuture<'_, CodeResult<u64>> {
-        done(MasterService::object_size(self, &key))
-    }
-
-    fn replica_desc(
-        &self,
-        keys: Vec<String>,
-    ) -> MasterFuture<'_, Vec<CodeResult<Vec<ReplicaDescriptor>>>> {
-        done(
-            keys.iter()
-                .map(|key| self.replica_descriptors(key))
-                .collect(),
-        )
-    }
-
-    fn remove(&self, keys: Vec<String>, force: bool) -> MasterFuture<'_, Vec<CodeResult<()>>> {
-        done(self.batch_remove(&keys, force))
-    }
-
-    fn clear_replicas(
-        &self,
-        keys: Vec<String>,
-        segment: Option<String>,
-    ) -> MasterFuture<'_, Vec<CodeResult<()>>> {
-        done(self.batch_clear_replicas(&keys, segment.as_deref()))
-    }
-
-    fn remove_by_regex(
-        &self,
-        tenant: Tenant,
-        pattern: String,
-        force: bool,
-    ) -> MasterFuture<'_, CodeResult<u64>> {
-        done(self.remove_by_regex_of(&tenant, &pattern, force))
-    }
-
-    fn remove_all(&self, tenant: Tenant, force: bool) -> MasterFuture<'_, CodeResult<u64>> {
-        done(Ok(self.remove_all_of(&tenant, force)))
-    }
-
-    fn create_copy_task(
-        &self,
-        key: String,
-        targets: Vec<String>,
-        id: u128,
-    ) -> MasterFuture<'_, CodeResult<u128>> {
-        done(MasterService::create_copy_task(self, &key, &targets, id))
-    }
-
-    fn create_move_task(
-        &self,
-        key: String,
-        source: String,
-        target: String,
-        id: u128,
-    ) -> MasterFuture<'_, CodeResult<u128>> {
-        done(MasterService::create_move_task(
-            self, &key, &source, &target, id,
-        ))
-    }
-
-    fn query_task(&self, id: u128) -> MasterFuture<'_, CodeResult<TaskInfo>> {
-        done(MasterService::query_task(self, id))
-    }
-
-    fn fetch_tasks(&self, client: u128, max: u32) -> MasterFuture<'_, CodeResult<Vec<TaskWork>>> {
-        done(Ok(MasterService::fetch_tasks(self, client, count(max))))
-    }
-
-    fn finish_task(
-        &self,
-        client: u128,
-        id: u128,
-        outcome: Result<(), i32>,
-    ) -> MasterFuture<'_, CodeResult<()>> {
-        done(MasterService::finish_task(self, client, id, outcome))
-    }
-
-    fn enable_offload(&self, client: u128) -> MasterFuture<'_, CodeResult<()>> {
-        done(MasterService::enable_offload(self, client))
-    }
-
-    fn offload_fetch(&self, client: u128, max: u32) -> MasterFuture<'_, CodeResult<OffloadWork>> {
-        done(MasterService::offload_fetch(self, client, count(max)))
-    }
-
-    fn offload_done(
-        &self,
-        client: u128,
-        objects: Vec<(String, u64)>,
-    ) -> MasterFuture<'_, CodeResult<()>> {
-        done(MasterService::offload_done(self, client, &objects))
-    }
-
-    fn disk_evicted(&self, client: u128, keys: Vec<String>) -> MasterFuture<'_, CodeResult<()>> {
-        MasterService::disk_evicted(self, client, &keys);
-        done(Ok(()))
-    }
-
-    fn stats(&self) -> MasterFuture<'_, CodeResult<MasterStats>> {
-        done(Ok(MasterService::stats(self)))
+    fn call(&self, request: MasterRequest) -> MasterFuture<'_, MasterResponse> {
+        Box::pin(ready(self.handle(request)))
     }
 }

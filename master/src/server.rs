@@ -11,20 +11,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use mooncake_core::error::{CodeResult, ErrorCode};
-use mooncake_core::protocol::auth::{self, ClusterSecret};
-use mooncake_core::protocol::codec;
-use mooncake_core::protocol::master_rpc::{
-    MASTER_PROTOCOL_VERSION, MAX_MASTER_BATCH, MasterHello, MasterRpc, MasterRpcRequest,
-};
-use mooncake_core::protocol::rpc::WriteMode;
-use mooncake_core::protocol::serving::serve_connection;
-use mooncake_core::tenant::Tenant;
-use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
-
 use mooncake_core::master_api::{
-    ClientStatus, LeaseBudget, Master, MasterStats, OffloadWork, PutStarted, TaskInfo, TaskWork,
+    CallKind, MASTER_PROTOCOL_VERSION, MAX_MASTER_BATCH, Master, MasterCall, MasterHello,
+    MasterRequest, MasterResponse,
 };
 use mooncake_core::op_metrics::OpMetrics;
+use mooncake_core::protocol::auth::{self, ClusterSecret};
+use mooncake_core::protocol::codec;
+use mooncake_core::protocol::master_rpc::{MasterRpc, MasterRpcRequest};
+use mooncake_core::protocol::serving::serve_connection;
 
 use super::MasterService;
 use crate::ha::node::HaNode;
@@ -72,10 +67,32 @@ pub const RPC_NAMES: &[&str] = &[
     "task",
 ];
 
-/// Every item of a batch larger than [`MAX_MASTER_BATCH`] fails with `INVALID_PARAMS`
-/// (clients split their batches at that size).
-fn oversized<T>(len: usize) -> Option<Vec<CodeResult<T>>> {
-    (len > MAX_MASTER_BATCH).then(|| (0..len).map(|_| Err(ErrorCode::INVALID_PARAMS)).collect())
+impl RpcOp {
+    /// The metric `call` is counted under (`None`: not counted).
+    fn of(call: MasterCall) -> Option<RpcOp> {
+        Some(match call {
+            MasterCall::PutStart => RpcOp::PutStart,
+            MasterCall::PutEnd | MasterCall::PutCommit => RpcOp::PutEnd,
+            MasterCall::PutRevoke => RpcOp::PutRevoke,
+            MasterCall::GetReplicaList => RpcOp::GetReplicaList,
+            MasterCall::Exist => RpcOp::Exist,
+            MasterCall::Remove | MasterCall::ClearReplicas => RpcOp::Remove,
+            MasterCall::MountSegment => RpcOp::MountSegment,
+            MasterCall::Heartbeat => RpcOp::Heartbeat,
+            MasterCall::CreateCopyTask | MasterCall::CreateMoveTask => RpcOp::Task,
+            _ => return None,
+        })
+    }
+}
+
+/// The bytes each item of `request` counts when it succeeds: the sizes of the writes a
+/// `put_start` starts, the capacity a `mount_segment` adds.
+fn item_bytes(request: &MasterRequest) -> Vec<u64> {
+    match request {
+        MasterRequest::PutStart { items, .. } => items.iter().map(|(_, size)| *size).collect(),
+        MasterRequest::MountSegment { capacity, .. } => vec![*capacity],
+        _ => Vec::new(),
+    }
 }
 
 impl MasterHandler {
@@ -98,31 +115,17 @@ impl MasterHandler {
         }
     }
 
-    /// Counts one call of `op` that started at `started` and returns its result.
-    fn counted<T>(
-        &self,
-        op: RpcOp,
-        started: Instant,
-        bytes: u64,
-        result: CodeResult<T>,
-    ) -> CodeResult<T> {
-        self.metrics
-            .record(op as usize, started.elapsed(), bytes, &result);
-        result
-    }
-
-    /// Counts each item of a batch call of `op`.
-    fn counted_all<T>(
-        &self,
-        op: RpcOp,
-        started: Instant,
-        results: Vec<CodeResult<T>>,
-    ) -> Vec<CodeResult<T>> {
-        let elapsed = started.elapsed();
-        for result in &results {
-            self.metrics.record(op as usize, elapsed, 0, result);
-        }
-        results
+    /// Counts each result of `response` under `op`.
+    fn count(&self, op: RpcOp, elapsed: Duration, bytes: &[u64], response: &MasterResponse) {
+        let mut index = 0;
+        response.for_each_outcome(|outcome| {
+            let counted = match outcome {
+                Ok(()) => bytes.get(index).copied().unwrap_or(0),
+                Err(_) => 0,
+            };
+            self.metrics.record(op as usize, elapsed, counted, &outcome);
+            index += 1;
+        });
     }
 }
 
@@ -134,245 +137,19 @@ impl MasterRpc for MasterHandler {
         self.master.hello().await
     }
 
-    async fn mount_segment(
-        self,
-        _: Context,
-        client: u128,
-        name: String,
-        capacity: u64,
-        endpoint: String,
-    ) -> CodeResult<SegmentId> {
-        let started = Instant::now();
-        let result = self
-            .master
-            .mount_segment(client, name, capacity, endpoint)
-            .await;
-        self.counted(RpcOp::MountSegment, started, capacity, result)
-    }
-
-    async fn unmount_client(self, _: Context, client: u128) -> CodeResult<()> {
-        self.master.unmount_client(client).await
-    }
-
-    async fn heartbeat(self, _: Context, client: u128) -> CodeResult<ClientStatus> {
-        let started = Instant::now();
-        let status = self.master.heartbeat(client).await;
-        self.counted(RpcOp::Heartbeat, started, 0, status)
-    }
-
-    async fn put_start(
-        self,
-        _: Context,
-        items: Vec<(String, u64)>,
-        config: ReplicateConfig,
-        mode: WriteMode,
-    ) -> Vec<CodeResult<PutStarted>> {
-        if let Some(refused) = oversized(items.len()) {
-            return refused;
+    async fn call(self, _: Context, request: MasterRequest) -> MasterResponse {
+        let shape = request.shape();
+        if shape.items > MAX_MASTER_BATCH {
+            return shape.failed(ErrorCode::INVALID_PARAMS);
         }
+        let Some(op) = RpcOp::of(shape.call) else {
+            return self.master.call(request).await;
+        };
+        let bytes = item_bytes(&request);
         let started = Instant::now();
-        let sizes: Vec<u64> = items.iter().map(|(_, size)| *size).collect();
-        let results = self.master.put_start(items, config, mode).await;
-        let elapsed = started.elapsed();
-        for (result, size) in results.iter().zip(sizes) {
-            let bytes = if result.is_ok() { size } else { 0 };
-            self.metrics
-                .record(RpcOp::PutStart as usize, elapsed, bytes, result);
-        }
-        results
-    }
-
-    async fn put_end(self, _: Context, items: Vec<(String, u64)>) -> Vec<CodeResult<()>> {
-        if let Some(refused) = oversized(items.len()) {
-            return refused;
-        }
-        let started = Instant::now();
-        let results = self.master.put_end(items).await;
-        self.counted_all(RpcOp::PutEnd, started, results)
-    }
-
-    async fn put_commit(
-        self,
-        _: Context,
-        items: Vec<(String, u64, String)>,
-    ) -> Vec<CodeResult<()>> {
-        if let Some(refused) = oversized(items.len()) {
-            return refused;
-        }
-        let started = Instant::now();
-        let results = self.master.put_commit(items).await;
-        self.counted_all(RpcOp::PutEnd, started, results)
-    }
-
-    async fn put_revoke(self, _: Context, items: Vec<(String, u64)>) -> Vec<CodeResult<()>> {
-        if let Some(refused) = oversized(items.len()) {
-            return refused;
-        }
-        let started = Instant::now();
-        let results = self.master.put_revoke(items).await;
-        self.counted_all(RpcOp::PutRevoke, started, results)
-    }
-
-    async fn get_replica_list(
-        self,
-        _: Context,
-        keys: Vec<String>,
-        lease_ms: Option<u64>,
-    ) -> Vec<CodeResult<(Vec<ReplicaDescriptor>, u64)>> {
-        if let Some(refused) = oversized(keys.len()) {
-            return refused;
-        }
-        let started = Instant::now();
-        let lease = lease_ms.map(Duration::from_millis);
-        let results = self.master.get_replica_list(keys, lease).await;
-        let results = results
-            .into_iter()
-            .map(|result| {
-                result.map(|(replicas, lease)| {
-                    (
-                        replicas,
-                        u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
-                    )
-                })
-            })
-            .collect();
-        self.counted_all(RpcOp::GetReplicaList, started, results)
-    }
-
-    async fn exist(
-        self,
-        _: Context,
-        keys: Vec<String>,
-        max_leased_bytes: Option<u64>,
-    ) -> Vec<CodeResult<Option<u64>>> {
-        if let Some(refused) = oversized(keys.len()) {
-            return refused;
-        }
-        let started = Instant::now();
-        let results = self.master.exist(keys, LeaseBudget(max_leased_bytes)).await;
-        self.counted_all(RpcOp::Exist, started, results)
-    }
-
-    async fn object_size(self, _: Context, key: String) -> CodeResult<u64> {
-        self.master.object_size(key).await
-    }
-
-    async fn replica_desc(
-        self,
-        _: Context,
-        keys: Vec<String>,
-    ) -> Vec<CodeResult<Vec<ReplicaDescriptor>>> {
-        if let Some(refused) = oversized(keys.len()) {
-            return refused;
-        }
-        self.master.replica_desc(keys).await
-    }
-
-    async fn remove(self, _: Context, keys: Vec<String>, force: bool) -> Vec<CodeResult<()>> {
-        if let Some(refused) = oversized(keys.len()) {
-            return refused;
-        }
-        let started = Instant::now();
-        let results = self.master.remove(keys, force).await;
-        self.counted_all(RpcOp::Remove, started, results)
-    }
-
-    async fn clear_replicas(
-        self,
-        _: Context,
-        keys: Vec<String>,
-        segment: Option<String>,
-    ) -> Vec<CodeResult<()>> {
-        if let Some(refused) = oversized(keys.len()) {
-            return refused;
-        }
-        let started = Instant::now();
-        let results = self.master.clear_replicas(keys, segment).await;
-        self.counted_all(RpcOp::Remove, started, results)
-    }
-
-    async fn remove_by_regex(
-        self,
-        _: Context,
-        tenant: String,
-        pattern: String,
-        force: bool,
-    ) -> CodeResult<u64> {
-        let tenant = Tenant::new(&tenant).map_err(|_| ErrorCode::INVALID_PARAMS)?;
-        self.master.remove_by_regex(tenant, pattern, force).await
-    }
-
-    async fn remove_all(self, _: Context, tenant: String, force: bool) -> CodeResult<u64> {
-        let tenant = Tenant::new(&tenant).map_err(|_| ErrorCode::INVALID_PARAMS)?;
-        self.master.remove_all(tenant, force).await
-    }
-
-    async fn create_copy_task(
-        self,
-        _: Context,
-        key: String,
-        targets: Vec<String>,
-        id: u128,
-    ) -> CodeResult<u128> {
-        let started = Instant::now();
-        let result = self.master.create_copy_task(key, targets, id).await;
-        self.counted(RpcOp::Task, started, 0, result)
-    }
-
-    async fn create_move_task(
-        self,
-        _: Context,
-        key: String,
-        source: String,
-        target: String,
-        id: u128,
-    ) -> CodeResult<u128> {
-        let started = Instant::now();
-        let result = self.master.create_move_task(key, source, target, id).await;
-        self.counted(RpcOp::Task, started, 0, result)
-    }
-
-    async fn query_task(self, _: Context, id: u128) -> CodeResult<TaskInfo> {
-        self.master.query_task(id).await
-    }
-
-    async fn fetch_tasks(self, _: Context, client: u128, max: u32) -> CodeResult<Vec<TaskWork>> {
-        self.master.fetch_tasks(client, max).await
-    }
-
-    async fn finish_task(
-        self,
-        _: Context,
-        client: u128,
-        id: u128,
-        outcome: Result<(), i32>,
-    ) -> CodeResult<()> {
-        self.master.finish_task(client, id, outcome).await
-    }
-
-    async fn enable_offload(self, _: Context, client: u128) -> CodeResult<()> {
-        self.master.enable_offload(client).await
-    }
-
-    async fn offload_fetch(self, _: Context, client: u128, max: u32) -> CodeResult<OffloadWork> {
-        self.master.offload_fetch(client, max).await
-    }
-
-    async fn offload_done(
-        self,
-        _: Context,
-        client: u128,
-        objects: Vec<(String, u64)>,
-    ) -> CodeResult<()> {
-        self.master.offload_done(client, objects).await
-    }
-
-    async fn disk_evicted(self, _: Context, client: u128, keys: Vec<String>) -> CodeResult<()> {
-        self.master.disk_evicted(client, keys).await
-    }
-
-    async fn stats(self, _: Context) -> CodeResult<MasterStats> {
-        self.master.stats().await
+        let response = self.master.call(request).await;
+        self.count(op, started.elapsed(), &bytes, &response);
+        response
     }
 
     async fn ha_pull(
@@ -466,30 +243,21 @@ async fn admit(
 /// Every master call answers from memory at once, except the scans of the whole index
 /// and a standby's pulls and snapshots.
 fn is_quick(request: &MasterRpcRequest) -> bool {
-    !matches!(
-        request,
-        MasterRpcRequest::RemoveByRegex { .. }
-            | MasterRpcRequest::RemoveAll { .. }
-            | MasterRpcRequest::HaPull { .. }
-            | MasterRpcRequest::HaSnapshot { .. }
-    )
+    match request {
+        MasterRpcRequest::Hello { .. } => true,
+        MasterRpcRequest::Call { request } => request.shape().call.kind() != CallKind::IndexScan,
+        _ => false,
+    }
 }
 
 /// Under high availability a write waits for its replication: only reads answer at
 /// once.
 fn is_quick_read(request: &MasterRpcRequest) -> bool {
-    matches!(
-        request,
-        MasterRpcRequest::Hello { .. }
-            | MasterRpcRequest::Heartbeat { .. }
-            | MasterRpcRequest::GetReplicaList { .. }
-            | MasterRpcRequest::Exist { .. }
-            | MasterRpcRequest::ObjectSize { .. }
-            | MasterRpcRequest::ReplicaDesc { .. }
-            | MasterRpcRequest::QueryTask { .. }
-            | MasterRpcRequest::OffloadFetch { .. }
-            | MasterRpcRequest::Stats { .. }
-    )
+    match request {
+        MasterRpcRequest::Hello { .. } => true,
+        MasterRpcRequest::Call { request } => request.shape().call.kind() == CallKind::Read,
+        _ => false,
+    }
 }
 
 /// Runs [`MasterService::maintenance`] every [`MAINTENANCE_INTERVAL`] until `shutdown`.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::master_api::{LeaseBudget, MasterRequest, MasterResponse};
 use mooncake_core::protocol::blocking::BlockingClient;
 use mooncake_core::protocol::master_rpc::{
     MASTER_PROTOCOL_VERSION, MasterRpcRequest, MasterRpcResponse,
@@ -16,12 +17,14 @@ use mooncake_master::{Clock, MasterConfig, MasterService};
 type Client = BlockingClient<MasterRpcRequest, MasterRpcResponse>;
 
 fn exist(client: &mut Client, key: &str) -> Vec<CodeResult<Option<u64>>> {
-    let request = MasterRpcRequest::Exist {
-        keys: vec![key.to_string()],
-        max_leased_bytes: None,
+    let request = MasterRpcRequest::Call {
+        request: MasterRequest::Exist {
+            keys: vec![key.to_string()],
+            budget: LeaseBudget(None),
+        },
     };
     match client.call(request, Duration::from_secs(5)) {
-        Ok(MasterRpcResponse::Exist(answer)) => answer,
+        Ok(MasterRpcResponse::Call(MasterResponse::Exist(answer))) => answer,
         other => panic!("unexpected answer {other:?}"),
     }
 }

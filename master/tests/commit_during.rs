@@ -1,4 +1,4 @@
-//! A commit sent while the caller works (`Master::put_commit_during`): to a remote master
+//! A commit sent while the caller works (`MasterExt::put_commit_during`): to a remote master
 //! from an application's thread the request travels while the work runs, so the key can
 //! be readable before the work returns; an in-process master runs the work first.
 
@@ -7,11 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mooncake_core::error::CodeResult;
-use mooncake_core::master_api::{Master, RESERVED_PREFIX, RemoteMaster, as_caller_thread};
+use mooncake_core::master_api::{
+    LeaseBudget, Master, MasterExt, MasterRequest, MasterResponse, RESERVED_PREFIX,
+};
 use mooncake_core::protocol::blocking::BlockingClient;
+use mooncake_core::protocol::master_client::{RemoteMaster, as_caller_thread};
 use mooncake_core::protocol::master_rpc::{MasterRpcRequest, MasterRpcResponse};
-use mooncake_core::protocol::rpc::WriteMode;
-use mooncake_core::types::ReplicateConfig;
+use mooncake_core::types::{ReplicateConfig, WriteMode};
 use mooncake_master::daemon::RunningMaster;
 use mooncake_master::{Clock, MasterConfig, MasterService};
 
@@ -19,12 +21,16 @@ type Observer = BlockingClient<MasterRpcRequest, MasterRpcResponse>;
 
 /// Whether `key` is readable, asked over the observer's own connection.
 fn readable(observer: &mut Observer, key: &str) -> bool {
-    let request = MasterRpcRequest::Exist {
-        keys: vec![key.to_string()],
-        max_leased_bytes: None,
+    let request = MasterRpcRequest::Call {
+        request: MasterRequest::Exist {
+            keys: vec![key.to_string()],
+            budget: LeaseBudget(None),
+        },
     };
     match observer.call(request, Duration::from_secs(5)) {
-        Ok(MasterRpcResponse::Exist(answer)) => matches!(answer.as_slice(), [Ok(Some(_))]),
+        Ok(MasterRpcResponse::Call(MasterResponse::Exist(answer))) => {
+            matches!(answer.as_slice(), [Ok(Some(_))])
+        }
         other => panic!("unexpected answer {other:?}"),
     }
 }

@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master_api::{
-    ClientStatus, LOCAL_OWNER, LeaseBudget, LeasedReplicas, Master, PutStarted, RemoteMaster,
+    ClientStatus, LOCAL_OWNER, LeaseBudget, LeasedReplicas, Master, MasterExt, PutStarted,
     TaskKind, TaskStatus,
 };
 use mooncake_core::protocol::auth::ClusterSecret;
-use mooncake_core::protocol::rpc::WriteMode;
+use mooncake_core::protocol::master_client::RemoteMaster;
 use mooncake_core::tenant::Tenant;
-use mooncake_core::types::{ReplicaLocation, ReplicateConfig, SegmentId, SoftPinAction};
+use mooncake_core::types::{ReplicaLocation, ReplicateConfig, SegmentId, SoftPinAction, WriteMode};
 use mooncake_master::daemon::RunningMaster;
 use mooncake_master::ha::journal::Journal;
 use mooncake_master::{Clock, MasterConfig, MasterService};

@@ -43,7 +43,7 @@ impl DirectSession {
         let within = ctx
             .deadline
             .saturating_duration_since(std::time::Instant::now());
-        mooncake_core::master_api::as_caller_thread(|| {
+        mooncake_core::protocol::master_client::as_caller_thread(|| {
             self.runtime.block_on(async move {
                 match tokio::time::timeout(within, serve.serve(ctx, request)).await {
                     Ok(answer) => answer.map_err(RpcError::Server),

@@ -53,8 +53,9 @@ use tokio::sync::watch;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use mooncake_core::ids::random_id;
-use mooncake_core::master_api::{LOCAL_OWNER, Master, RemoteMaster};
+use mooncake_core::master_api::{LOCAL_OWNER, Master};
 use mooncake_core::protocol::auth::{self, ClusterSecret};
+use mooncake_core::protocol::master_client::RemoteMaster;
 use mooncake_core::tenant::Tenant;
 use mooncake_core::units::format_size;
 use mooncake_master::daemon::RunningMaster;

@@ -1,18 +1,18 @@
 //! The real client's link to its master, seen through the client's tenant: keys are
 //! scoped on the way out and unscoped on the way back (see [`mooncake_core::tenant`]).
 //! The master itself is any [`Master`]: the embedded `MasterService`, or a
-//! [`RemoteMaster`](mooncake_core::master_api::RemoteMaster), which reconnects on its own.
+//! [`RemoteMaster`](mooncake_core::protocol::master_client::RemoteMaster), which reconnects on its own.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master_api::{
-    ClientStatus, LeaseBudget, LeasedReplicas, Master, MasterStats, OffloadWork, PutStarted,
-    TaskInfo, TaskWork,
+    ClientStatus, LeaseBudget, LeasedReplicas, Master, MasterExt, MasterStats, OffloadWork,
+    PutStarted, TaskInfo, TaskWork,
 };
-use mooncake_core::protocol::rpc::WriteMode;
 use mooncake_core::tenant::Tenant;
+use mooncake_core::types::WriteMode;
 use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 use crate::read_cache::{Located, Lookup, ReadCache};

@@ -13,7 +13,7 @@ use std::time::Instant;
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master_api::{PutStarted, TaskWork};
 use mooncake_core::protocol::grant::{Grant, GrantedRange};
-use mooncake_core::protocol::rpc::WriteMode;
+use mooncake_core::types::WriteMode;
 use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SegmentId};
 use mooncake_device::DeviceApi;
 use mooncake_shm::MemSlice;

@@ -260,12 +260,15 @@ fn a_paused_leader_serves_no_write_once_another_leads() {
     cluster.masters[paused].signal(nix::sys::signal::Signal::SIGCONT);
     assert!(taken_over, "no standby took over from the paused leader");
     // Resumed, the old leader refuses every write (its lease lapsed), then exits.
-    let old = mooncake_core::master_api::RemoteMaster::new(cluster.masters[paused].address(), None);
+    let old = mooncake_core::protocol::master_client::RemoteMaster::new(
+        cluster.masters[paused].address(),
+        None,
+    );
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let answer = runtime.block_on(mooncake_core::master_api::Master::put_start(
+    let answer = runtime.block_on(mooncake_core::master_api::MasterExt::put_start(
         &old,
         vec![("fenced".into(), 4096)],
         mooncake_core::types::ReplicateConfig::default(),

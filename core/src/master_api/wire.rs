@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::types::{ReplicaDescriptor, SegmentId};
 
-/// What a successful [`Master::put_start`](super::Master::put_start) hands the writer.
+/// What a successful [`MasterExt::put_start`](super::MasterExt::put_start) hands the writer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PutStarted {
     /// Where to copy the bytes (one entry per replica).
@@ -16,7 +16,7 @@ pub struct PutStarted {
 }
 
 /// Prefix of the names under which real clients start writes ahead of their keys
-/// (reservations, completed with `Master::put_commit`).
+/// (reservations, completed with `MasterExt::put_commit`).
 pub const RESERVED_PREFIX: &str = "__mooncake_reserved__/";
 
 /// True when `stored` (a key as the master stores it, tenant-scoped or not) names a
@@ -73,6 +73,20 @@ pub struct StandbyStatus {
     pub in_sync: bool,
     /// Changes it has not acknowledged yet.
     pub behind: u64,
+}
+
+/// What a master says about itself when a real client connects.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MasterHello {
+    /// The master's protocol version.
+    pub version: u32,
+    /// Random id of the master process (changes when it restarts).
+    pub master_id: u128,
+    /// The master's read lease, in milliseconds.
+    pub lease_ttl_ms: u64,
+    /// The leader's term under high availability (the etcd revision that elected it);
+    /// 0 for a master without high availability.
+    pub epoch: u64,
 }
 
 /// Owner id of segments mounted by the master's own process (never expire).

@@ -173,6 +173,7 @@ impl<Req: Serialize, Resp: for<'de> Deserialize<'de>> BlockingClient<Req, Resp> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::master_api::{MasterRequest, MasterResponse};
     use crate::protocol::master_rpc::{MasterRpcRequest, MasterRpcResponse};
 
     type Client = BlockingClient<MasterRpcRequest, MasterRpcResponse>;
@@ -196,19 +197,26 @@ mod tests {
         let mut silent =
             Client::new(TcpStream::connect(address).expect("connect")).expect("client");
         let error = silent
-            .call(MasterRpcRequest::Stats {}, Duration::from_millis(100))
+            .call(stats(), Duration::from_millis(100))
             .expect_err("no answer");
         assert!(matches!(error, BlockingCallError::Io(_)), "{error:?}");
         let mut garbage =
             Client::new(TcpStream::connect(address).expect("connect")).expect("client");
         let error = garbage
-            .call(MasterRpcRequest::Stats {}, Duration::from_secs(5))
+            .call(stats(), Duration::from_secs(5))
             .expect_err("garbage");
         assert!(
             matches!(error, BlockingCallError::Malformed(_)),
             "{error:?}"
         );
         peer.join().expect("peer");
+    }
+
+    /// A master call asking for the master's counters.
+    fn stats() -> MasterRpcRequest {
+        MasterRpcRequest::Call {
+            request: MasterRequest::Stats {},
+        }
     }
 
     /// Answers each request read on `stream` with `Stats` after `delays[i]`.
@@ -221,7 +229,9 @@ mod tests {
             std::thread::sleep(Duration::from_micros(*delay));
             let answer: Response<MasterRpcResponse> = Response {
                 request_id: id,
-                message: Ok(MasterRpcResponse::Stats(Ok(Default::default()))),
+                message: Ok(MasterRpcResponse::Call(MasterResponse::Stats(Ok(
+                    Default::default(),
+                )))),
             };
             let payload = postcard::to_stdvec(&answer).expect("encode");
             let len = u32::try_from(payload.len()).expect("small");
@@ -244,9 +254,12 @@ mod tests {
             .with_spin(Duration::from_micros(200));
         for _ in delays {
             let answer = client
-                .call(MasterRpcRequest::Stats {}, Duration::from_secs(5))
+                .call(stats(), Duration::from_secs(5))
                 .expect("answer");
-            assert!(matches!(answer, MasterRpcResponse::Stats(Ok(_))));
+            assert!(matches!(
+                answer,
+                MasterRpcResponse::Call(MasterResponse::Stats(Ok(_)))
+            ));
         }
         peer.join().expect("peer");
     }

@@ -272,6 +272,7 @@ mod tests {
         use tokio_serde::Deserializer as _;
 
         use super::super::*;
+        use crate::master_api::{LeaseBudget, MasterRequest};
         use crate::protocol::master_rpc::MasterRpcRequest;
         use crate::protocol::rpc::{
             DeviceBufferDecl, Fragment, GetItem, MemRange, PutItem, PutSource, RangeRead,
@@ -465,38 +466,66 @@ mod tests {
         fn master_request() -> impl Strategy<Value = MasterRpcRequest> {
             prop_oneof![
                 any::<u32>().prop_map(|version| MasterRpcRequest::Hello { version }),
+                master_call().prop_map(|request| MasterRpcRequest::Call { request }),
+                (
+                    any::<u128>(),
+                    key(),
+                    any::<u64>(),
+                    any::<u64>(),
+                    any::<u32>()
+                )
+                    .prop_map(|(standby, address, epoch, from, wait_ms)| {
+                        MasterRpcRequest::HaPull {
+                            standby,
+                            address,
+                            epoch,
+                            from,
+                            wait_ms,
+                        }
+                    }),
+            ]
+        }
+
+        fn master_call() -> impl Strategy<Value = MasterRequest> {
+            prop_oneof![
                 (any::<u128>(), key(), any::<u64>(), key()).prop_map(
-                    |(client, name, capacity, endpoint)| MasterRpcRequest::MountSegment {
+                    |(client, name, capacity, endpoint)| MasterRequest::MountSegment {
                         client,
                         name,
                         capacity,
                         endpoint,
                     }
                 ),
-                any::<u128>().prop_map(|client| MasterRpcRequest::Heartbeat { client }),
+                any::<u128>().prop_map(|client| MasterRequest::Heartbeat { client }),
                 (sized(), config(), mode()).prop_map(|(items, config, mode)| {
-                    MasterRpcRequest::PutStart {
+                    MasterRequest::PutStart {
                         items,
                         config,
                         mode,
                     }
                 }),
-                sized().prop_map(|items| MasterRpcRequest::PutEnd { items }),
-                (keys(), any::<Option<u64>>()).prop_map(|(keys, lease_ms)| {
-                    MasterRpcRequest::GetReplicaList { keys, lease_ms }
+                sized().prop_map(|items| MasterRequest::PutEnd { items }),
+                (keys(), any::<Option<u64>>()).prop_map(|(keys, lease_us)| {
+                    MasterRequest::GetReplicaList {
+                        keys,
+                        lease: lease_us.map(Duration::from_micros),
+                    }
                 }),
-                (keys(), proptest::option::of(key())).prop_map(|(keys, segment)| {
-                    MasterRpcRequest::ClearReplicas { keys, segment }
+                (keys(), any::<Option<u64>>()).prop_map(|(keys, bytes)| MasterRequest::Exist {
+                    keys,
+                    budget: LeaseBudget(bytes),
                 }),
+                (keys(), proptest::option::of(key()))
+                    .prop_map(|(keys, segment)| { MasterRequest::ClearReplicas { keys, segment } }),
                 (key(), key(), any::<bool>()).prop_map(|(tenant, pattern, force)| {
-                    MasterRpcRequest::RemoveByRegex {
+                    MasterRequest::RemoveByRegex {
                         tenant,
                         pattern,
                         force,
                     }
                 }),
                 (key(), key(), key(), any::<u128>()).prop_map(|(key, source, target, id)| {
-                    MasterRpcRequest::CreateMoveTask {
+                    MasterRequest::CreateMoveTask {
                         key,
                         source,
                         target,
@@ -504,18 +533,17 @@ mod tests {
                     }
                 }),
                 (any::<u128>(), any::<u128>(), any::<Result<(), i32>>()).prop_map(
-                    |(client, id, outcome)| MasterRpcRequest::FinishTask {
+                    |(client, id, outcome)| MasterRequest::FinishTask {
                         client,
                         id,
                         outcome,
                     }
                 ),
-                (any::<u128>(), sized()).prop_map(|(client, objects)| {
-                    MasterRpcRequest::OffloadDone { client, objects }
-                }),
+                (any::<u128>(), sized())
+                    .prop_map(|(client, objects)| MasterRequest::OffloadDone { client, objects }),
                 (any::<u128>(), keys())
-                    .prop_map(|(client, keys)| MasterRpcRequest::DiskEvicted { client, keys }),
-                Just(()).prop_map(|()| MasterRpcRequest::Stats {}),
+                    .prop_map(|(client, keys)| MasterRequest::DiskEvicted { client, keys }),
+                Just(()).prop_map(|()| MasterRequest::Stats {}),
             ]
         }
 

@@ -14,6 +14,7 @@ pub mod codec;
 pub mod fuzzing;
 pub mod grant;
 pub mod handshake;
+pub mod master_client;
 pub mod master_rpc;
 pub mod rpc;
 pub mod serving;

@@ -58,14 +58,7 @@ pub struct PutItem {
     pub source: PutSource,
 }
 
-/// Whether a write may replace an existing object.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum WriteMode {
-    /// Insert only: an existing key is kept (and the put reports success).
-    Put,
-    /// Insert or replace.
-    Upsert,
-}
+pub use crate::types::WriteMode;
 
 /// One object to read into the dummy's shared memory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

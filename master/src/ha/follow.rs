@@ -15,14 +15,11 @@ use tokio::sync::watch;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master_api::{
-    ClientStatus, LeaseBudget, LeasedReplicas, Master, MasterFuture, MasterStats, OffloadWork,
-    PutStarted, RemoteMaster, TaskInfo, TaskWork,
+    LeaseBudget, Master, MasterExt, MasterFuture, MasterHello, MasterRequest, MasterResponse,
+    PutStarted,
 };
 use mooncake_core::protocol::auth::ClusterSecret;
-use mooncake_core::protocol::master_rpc::MasterHello;
-use mooncake_core::protocol::rpc::WriteMode;
-use mooncake_core::tenant::Tenant;
-use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
+use mooncake_core::protocol::master_client::RemoteMaster;
 
 use super::etcd::{Etcd, LeaderView};
 
@@ -72,20 +69,25 @@ fn leader_gone(code: ErrorCode) -> bool {
 }
 
 /// An answer that may say the leader went away.
-trait Answer {
-    /// The code, when every part of the answer failed with one that means it.
+trait MaybeGone {
+    /// True when every part of the answer failed with a code that means it.
     fn gone(&self) -> bool;
 }
 
-impl<T> Answer for CodeResult<T> {
+impl<T> MaybeGone for CodeResult<T> {
     fn gone(&self) -> bool {
         self.as_ref().err().is_some_and(|code| leader_gone(*code))
     }
 }
 
-impl<T> Answer for Vec<CodeResult<T>> {
+impl MaybeGone for MasterResponse {
     fn gone(&self) -> bool {
-        !self.is_empty() && self.iter().all(Answer::gone)
+        let (mut any, mut all) = (false, true);
+        self.for_each_outcome(|outcome| {
+            any = true;
+            all &= outcome.err().is_some_and(leader_gone);
+        });
+        any && all
     }
 }
 
@@ -118,13 +120,13 @@ impl LeaderFollower {
 
     /// Runs `call` against the leader, again against the next leader while the answer
     /// says the leader went away, until the failover deadline.
-    async fn call<T, F>(
+    async fn retry<T, F>(
         &self,
         refuse: impl Fn(ErrorCode) -> T,
         call: impl Fn(Arc<Leader>) -> F,
     ) -> T
     where
-        T: Answer,
+        T: MaybeGone,
         F: Future<Output = T>,
     {
         let deadline = Instant::now() + self.failover_wait;
@@ -171,7 +173,7 @@ impl LeaderFollower {
             return;
         }
         let probe = doubtful.iter().map(|&i| keys[i].clone()).collect();
-        let readable = Master::exist(self, probe, LeaseBudget(Some(0))).await;
+        let readable = MasterExt::exist(self, probe, LeaseBudget(Some(0))).await;
         for (&index, found) in doubtful.iter().zip(readable) {
             if !matches!(found, Ok(Some(_))) {
                 answers[index] = Err(ErrorCode::OBJECT_REPLICA_BUSY);
@@ -195,7 +197,7 @@ impl LeaderFollower {
             return;
         }
         let probe = doubtful.iter().map(|&i| items[i].2.clone()).collect();
-        let found = Master::exist(self, probe, LeaseBudget(Some(0))).await;
+        let found = MasterExt::exist(self, probe, LeaseBudget(Some(0))).await;
         let readable: Vec<bool> = found.iter().map(|f| matches!(f, Ok(Some(_)))).collect();
         settle_commits(answers, &doubtful, &readable);
     }
@@ -281,309 +283,71 @@ async fn watch_leader(
     }
 }
 
-fn refuse_all<T>(count: usize) -> impl Fn(ErrorCode) -> Vec<CodeResult<T>> {
-    move |code| (0..count).map(|_| Err(code)).collect()
+impl LeaderFollower {
+    /// A call sent more than once may have been applied by a leader that went away
+    /// before answering: settles the answers that could be wrong for that reason.
+    async fn settle_retried(&self, request: &MasterRequest, response: &mut MasterResponse) {
+        match (request, response) {
+            (MasterRequest::PutStart { items, .. }, MasterResponse::PutStart(answers)) => {
+                let keys: Vec<String> = items.iter().map(|(key, _)| key.clone()).collect();
+                self.settle_retried_starts(&keys, answers).await;
+            }
+            (MasterRequest::PutCommit { items }, MasterResponse::PutCommit(answers)) => {
+                self.settle_retried_commits(items, answers).await;
+            }
+            _ => {}
+        }
+    }
 }
 
 impl Master for LeaderFollower {
     fn hello(&self) -> MasterFuture<'_, CodeResult<MasterHello>> {
-        Box::pin(self.call(Err, |l: Arc<Leader>| async move { l.master.hello().await }))
+        Box::pin(self.retry(Err, |l: Arc<Leader>| async move { l.master.hello().await }))
     }
 
     fn is_remote(&self) -> bool {
         true
     }
 
-    fn mount_segment(
-        &self,
-        client: u128,
-        name: String,
-        capacity: u64,
-        endpoint: String,
-    ) -> MasterFuture<'_, CodeResult<SegmentId>> {
-        Box::pin(self.call(Err, move |l: Arc<Leader>| {
-            let name = name.clone();
-            let endpoint = endpoint.clone();
-            async move {
-                l.master
-                    .mount_segment(client, name, capacity, endpoint)
-                    .await
-            }
-        }))
+    fn call(&self, request: MasterRequest) -> MasterFuture<'_, MasterResponse> {
+        self.call_during(request, Box::new(|| {}))
     }
 
-    fn unmount_client(&self, client: u128) -> MasterFuture<'_, CodeResult<()>> {
-        Box::pin(self.call(Err, move |l: Arc<Leader>| async move {
-            l.master.unmount_client(client).await
-        }))
-    }
-
-    fn heartbeat(&self, client: u128) -> MasterFuture<'_, CodeResult<ClientStatus>> {
-        Box::pin(self.call(Err, move |l: Arc<Leader>| async move {
-            l.master.heartbeat(client).await
-        }))
-    }
-
-    fn put_start(
-        &self,
-        items: Vec<(String, u64)>,
-        config: ReplicateConfig,
-        mode: WriteMode,
-    ) -> MasterFuture<'_, Vec<CodeResult<PutStarted>>> {
-        let refuse = refuse_all(items.len());
-        Box::pin(async move {
-            let attempts = AtomicU32::new(0);
-            let keys: Vec<String> = items.iter().map(|(key, _)| key.clone()).collect();
-            let mut answers = self
-                .call(refuse, |l: Arc<Leader>| {
-                    attempts.fetch_add(1, Ordering::Relaxed);
-                    let (items, config) = (items.clone(), config.clone());
-                    async move { l.master.put_start(items, config, mode).await }
-                })
-                .await;
-            if attempts.load(Ordering::Relaxed) > 1 {
-                self.settle_retried_starts(&keys, &mut answers).await;
-            }
-            answers
-        })
-    }
-
-    fn put_end(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
-        let refuse = refuse_all(items.len());
-        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
-            let items = items.clone();
-            async move { l.master.put_end(items).await }
-        }))
-    }
-
-    fn put_commit(
-        &self,
-        items: Vec<(String, u64, String)>,
-    ) -> MasterFuture<'_, Vec<CodeResult<()>>> {
-        let refuse = refuse_all(items.len());
-        Box::pin(async move {
-            let attempts = AtomicU32::new(0);
-            let mut answers = self
-                .call(refuse, |l: Arc<Leader>| {
-                    attempts.fetch_add(1, Ordering::Relaxed);
-                    let items = items.clone();
-                    async move { l.master.put_commit(items).await }
-                })
-                .await;
-            if attempts.load(Ordering::Relaxed) > 1 {
-                self.settle_retried_commits(&items, &mut answers).await;
-            }
-            answers
-        })
-    }
-
-    fn put_commit_during<'a>(
+    fn call_during<'a>(
         &'a self,
-        items: Vec<(String, u64, String)>,
+        request: MasterRequest,
         work: Box<dyn FnOnce() + Send + 'a>,
-    ) -> MasterFuture<'a, Vec<CodeResult<()>>> {
-        let refuse = refuse_all(items.len());
-        // The first attempt that runs takes the work; a retry only commits.
+    ) -> MasterFuture<'a, MasterResponse> {
+        let shape = request.shape();
+        // The first attempt that runs takes the work; a retry only sends the request.
         let work = parking_lot::Mutex::new(Some(work));
         Box::pin(async move {
             let attempts = AtomicU32::new(0);
-            let mut answers = self
-                .call(refuse, |l: Arc<Leader>| {
-                    let items = items.clone();
-                    let (work, attempts) = (&work, &attempts);
-                    async move {
-                        attempts.fetch_add(1, Ordering::Relaxed);
-                        let taken = work.lock().take();
-                        match taken {
-                            Some(work) => l.master.put_commit_during(items, work).await,
-                            None => l.master.put_commit(items).await,
+            let mut response = self
+                .retry(
+                    |code| shape.failed(code),
+                    |l: Arc<Leader>| {
+                        let request = request.clone();
+                        let (work, attempts) = (&work, &attempts);
+                        async move {
+                            attempts.fetch_add(1, Ordering::Relaxed);
+                            let taken = work.lock().take();
+                            match taken {
+                                Some(work) => l.master.call_during(request, work).await,
+                                None => l.master.call(request).await,
+                            }
                         }
-                    }
-                })
+                    },
+                )
                 .await;
             if let Some(work) = work.lock().take() {
                 work();
             }
             if attempts.load(Ordering::Relaxed) > 1 {
-                self.settle_retried_commits(&items, &mut answers).await;
+                self.settle_retried(&request, &mut response).await;
             }
-            answers
+            response
         })
-    }
-
-    fn put_revoke(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
-        let refuse = refuse_all(items.len());
-        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
-            let items = items.clone();
-            async move { l.master.put_revoke(items).await }
-        }))
-    }
-
-    fn get_replica_list(
-        &self,
-        keys: Vec<String>,
-        lease: Option<Duration>,
-    ) -> MasterFuture<'_, Vec<CodeResult<LeasedReplicas>>> {
-        let refuse = refuse_all(keys.len());
-        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
-            let keys = keys.clone();
-            async move { l.master.get_replica_list(keys, lease).await }
-        }))
-    }
-
-    fn exist(
-        &self,
-        keys: Vec<String>,
-        budget: LeaseBudget,
-    ) -> MasterFuture<'_, Vec<CodeResult<Option<u64>>>> {
-        let refuse = refuse_all(keys.len());
-        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
-            let keys = keys.clone();
-            async move { l.master.exist(keys, budget).await }
-        }))
-    }
-
-    fn object_size(&self, key: String) -> MasterFuture<'_, CodeResult<u64>> {
-        Box::pin(self.call(Err, move |l: Arc<Leader>| {
-            let key = key.clone();
-            async move { l.master.object_size(key).await }
-        }))
-    }
-
-    fn replica_desc(
-        &self,
-        keys: Vec<String>,
-    ) -> MasterFuture<'_, Vec<CodeResult<Vec<ReplicaDescriptor>>>> {
-        let refuse = refuse_all(keys.len());
-        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
-            let keys = keys.clone();
-            async move { l.master.replica_desc(keys).await }
-        }))
-    }
-
-    fn remove(&self, keys: Vec<String>, force: bool) -> MasterFuture<'_, Vec<CodeResult<()>>> {
-        let refuse = refuse_all(keys.len());
-        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
-            let keys = keys.clone();
-            async move { l.master.remove(keys, force).await }
-        }))
-    }
-
-    fn clear_replicas(
-        &self,
-        keys: Vec<String>,
-        segment: Option<String>,
-    ) -> MasterFuture<'_, Vec<CodeResult<()>>> {
-        let refuse = refuse_all(keys.len());
-        Box::pin(self.call(refuse, move |l: Arc<Leader>| {
-            let (keys, segment) = (keys.clone(), segment.clone());
-            async move { l.master.clear_replicas(keys, segment).await }
-        }))
-    }
-
-    fn remove_by_regex(
-        &self,
-        tenant: Tenant,
-        pattern: String,
-        force: bool,
-    ) -> MasterFuture<'_, CodeResult<u64>> {
-        Box::pin(self.call(Err, move |l: Arc<Leader>| {
-            let tenant = tenant.clone();
-            let pattern = pattern.clone();
-            async move { l.master.remove_by_regex(tenant, pattern, force).await }
-        }))
-    }
-
-    fn remove_all(&self, tenant: Tenant, force: bool) -> MasterFuture<'_, CodeResult<u64>> {
-        Box::pin(self.call(Err, move |l: Arc<Leader>| {
-            let tenant = tenant.clone();
-            async move { l.master.remove_all(tenant, force).await }
-        }))
-    }
-
-    fn create_copy_task(
-        &self,
-        key: String,
-        targets: Vec<String>,
-        id: u128,
-    ) -> MasterFuture<'_, CodeResult<u128>> {
-        Box::pin(self.call(Err, move |l: Arc<Leader>| {
-            let key = key.clone();
-            let targets = targets.clone();
-            async move { l.master.create_copy_task(key, targets, id).await }
-        }))
-    }
-
-    fn create_move_task(
-        &self,
-        key: String,
-        source: String,
-        target: String,
-        id: u128,
-    ) -> MasterFuture<'_, CodeResult<u128>> {
-        Box::pin(self.call(Err, move |l: Arc<Leader>| {
-            let key = key.clone();
-            let source = source.clone();
-            let target = target.clone();
-            async move { l.master.create_move_task(key, source, target, id).await }
-        }))
-    }
-
-    fn query_task(&self, id: u128) -> MasterFuture<'_, CodeResult<TaskInfo>> {
-        Box::pin(self.call(Err, move |l: Arc<Leader>| async move {
-            l.master.query_task(id).await
-        }))
-    }
-
-    fn fetch_tasks(&self, client: u128, max: u32) -> MasterFuture<'_, CodeResult<Vec<TaskWork>>> {
-        Box::pin(self.call(Err, move |l: Arc<Leader>| async move {
-            l.master.fetch_tasks(client, max).await
-        }))
-    }
-
-    fn finish_task(
-        &self,
-        client: u128,
-        id: u128,
-        outcome: Result<(), i32>,
-    ) -> MasterFuture<'_, CodeResult<()>> {
-        Box::pin(self.call(Err, move |l: Arc<Leader>| async move {
-            l.master.finish_task(client, id, outcome).await
-        }))
-    }
-
-    fn enable_offload(&self, client: u128) -> MasterFuture<'_, CodeResult<()>> {
-        Box::pin(self.call(Err, move |l: Arc<Leader>| async move {
-            l.master.enable_offload(client).await
-        }))
-    }
-
-    fn offload_fetch(&self, client: u128, max: u32) -> MasterFuture<'_, CodeResult<OffloadWork>> {
-        Box::pin(self.call(Err, move |l: Arc<Leader>| async move {
-            l.master.offload_fetch(client, max).await
-        }))
-    }
-
-    fn offload_done(
-        &self,
-        client: u128,
-        objects: Vec<(String, u64)>,
-    ) -> MasterFuture<'_, CodeResult<()>> {
-        Box::pin(self.call(Err, move |l: Arc<Leader>| {
-            let objects = objects.clone();
-            async move { l.master.offload_done(client, objects).await }
-        }))
-    }
-
-    fn disk_evicted(&self, client: u128, keys: Vec<String>) -> MasterFuture<'_, CodeResult<()>> {
-        Box::pin(self.call(Err, move |l: Arc<Leader>| {
-            let keys = keys.clone();
-            async move { l.master.disk_evicted(client, keys).await }
-        }))
-    }
-
-    fn stats(&self) -> MasterFuture<'_, CodeResult<MasterStats>> {
-        Box::pin(self.call(Err, |l: Arc<Leader>| async move { l.master.stats().await }))
     }
 }
 

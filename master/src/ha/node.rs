@@ -15,13 +15,8 @@ use parking_lot::Mutex;
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::master_api::replication::{ChangeBatch, SnapshotPart};
 use mooncake_core::master_api::{
-    ClientStatus, HaStatus, LeaseBudget, LeasedReplicas, Master, MasterFuture, MasterStats,
-    OffloadWork, PutStarted, TaskInfo, TaskWork,
+    CallKind, CallShape, HaStatus, Master, MasterFuture, MasterHello, MasterRequest, MasterResponse,
 };
-use mooncake_core::protocol::master_rpc::MasterHello;
-use mooncake_core::protocol::rpc::WriteMode;
-use mooncake_core::tenant::Tenant;
-use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 use super::etcd::{Etcd, EtcdError};
 use super::journal::Journal;
@@ -86,10 +81,6 @@ pub struct HaNode {
 }
 
 /// `count` copies of the refusal `code`.
-fn refuse_all<T>(count: usize, code: ErrorCode) -> Vec<CodeResult<T>> {
-    (0..count).map(|_| Err(code)).collect()
-}
-
 impl HaNode {
     /// A standby node over `master` (which must be empty or hold a snapshot), which
     /// publishes `advertised` as its RPC address.
@@ -248,41 +239,21 @@ impl HaNode {
     }
 
     /// Runs a mutating call on the master while leading, and answers once it is
-    /// replicated (or with `refuse(code)`).
-    fn write<'a, T: Send + 'a>(
-        &'a self,
-        refuse: impl FnOnce(ErrorCode) -> T + Send + 'a,
-        call: impl FnOnce(&'a MasterService) -> MasterFuture<'a, T> + Send + 'a,
-    ) -> MasterFuture<'a, T> {
+    /// replicated (or fails it with the code that says why not).
+    fn write(&self, shape: CallShape, request: MasterRequest) -> MasterFuture<'_, MasterResponse> {
         Box::pin(async move {
             let journal = match self.leading() {
                 Ok(journal) => journal,
-                Err(code) => return refuse(code),
+                Err(code) => return shape.failed(code),
             };
-            // The master answers when called (its futures are ready when made), so the
-            // whole mutation runs under the gate.
-            let answer = {
+            // The whole mutation runs under the gate (the service answers at once).
+            let response = {
                 let _mutation = journal.mutation();
-                call(self.master.as_ref())
+                self.master.handle(request)
             };
-            let value = answer.await;
             match self.replicated(&journal).await {
-                Ok(()) => value,
-                Err(code) => refuse(code),
-            }
-        })
-    }
-
-    /// Runs a call that changes nothing a standby keeps (reads, heartbeats).
-    fn read<'a, T: Send + 'a>(
-        &'a self,
-        refuse: impl FnOnce(ErrorCode) -> T + Send + 'a,
-        call: impl FnOnce(&'a MasterService) -> MasterFuture<'a, T> + Send + 'a,
-    ) -> MasterFuture<'a, T> {
-        Box::pin(async move {
-            match self.leading() {
-                Ok(_) => call(self.master.as_ref()).await,
-                Err(code) => refuse(code),
+                Ok(()) => response,
+                Err(code) => shape.failed(code),
             }
         })
     }
@@ -394,208 +365,25 @@ impl Master for HaNode {
         false
     }
 
-    fn mount_segment(
-        &self,
-        client: u128,
-        name: String,
-        capacity: u64,
-        endpoint: String,
-    ) -> MasterFuture<'_, CodeResult<SegmentId>> {
-        self.write(Err, move |m| {
-            Master::mount_segment(m, client, name, capacity, endpoint)
-        })
-    }
-
-    fn unmount_client(&self, client: u128) -> MasterFuture<'_, CodeResult<()>> {
-        self.write(Err, move |m| Master::unmount_client(m, client))
-    }
-
-    fn heartbeat(&self, client: u128) -> MasterFuture<'_, CodeResult<ClientStatus>> {
-        self.read(Err, move |m| Master::heartbeat(m, client))
-    }
-
-    fn put_start(
-        &self,
-        items: Vec<(String, u64)>,
-        config: ReplicateConfig,
-        mode: WriteMode,
-    ) -> MasterFuture<'_, Vec<CodeResult<PutStarted>>> {
-        let count = items.len();
-        self.write(
-            move |code| refuse_all(count, code),
-            move |m| Master::put_start(m, items, config, mode),
-        )
-    }
-
-    fn put_end(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
-        let count = items.len();
-        self.write(
-            move |code| refuse_all(count, code),
-            move |m| Master::put_end(m, items),
-        )
-    }
-
-    fn put_commit(
-        &self,
-        items: Vec<(String, u64, String)>,
-    ) -> MasterFuture<'_, Vec<CodeResult<()>>> {
-        let count = items.len();
-        self.write(
-            move |code| refuse_all(count, code),
-            move |m| Master::put_commit(m, items),
-        )
-    }
-
-    fn put_revoke(&self, items: Vec<(String, u64)>) -> MasterFuture<'_, Vec<CodeResult<()>>> {
-        let count = items.len();
-        self.write(
-            move |code| refuse_all(count, code),
-            move |m| Master::put_revoke(m, items),
-        )
-    }
-
-    fn get_replica_list(
-        &self,
-        keys: Vec<String>,
-        lease: Option<Duration>,
-    ) -> MasterFuture<'_, Vec<CodeResult<LeasedReplicas>>> {
-        let count = keys.len();
-        self.read(
-            move |code| refuse_all(count, code),
-            move |m| Master::get_replica_list(m, keys, lease),
-        )
-    }
-
-    fn exist(
-        &self,
-        keys: Vec<String>,
-        budget: LeaseBudget,
-    ) -> MasterFuture<'_, Vec<CodeResult<Option<u64>>>> {
-        let count = keys.len();
-        self.read(
-            move |code| refuse_all(count, code),
-            move |m| Master::exist(m, keys, budget),
-        )
-    }
-
-    fn object_size(&self, key: String) -> MasterFuture<'_, CodeResult<u64>> {
-        self.read(Err, move |m| Master::object_size(m, key))
-    }
-
-    fn replica_desc(
-        &self,
-        keys: Vec<String>,
-    ) -> MasterFuture<'_, Vec<CodeResult<Vec<ReplicaDescriptor>>>> {
-        let count = keys.len();
-        self.read(
-            move |code| refuse_all(count, code),
-            move |m| Master::replica_desc(m, keys),
-        )
-    }
-
-    fn remove(&self, keys: Vec<String>, force: bool) -> MasterFuture<'_, Vec<CodeResult<()>>> {
-        let count = keys.len();
-        self.write(
-            move |code| refuse_all(count, code),
-            move |m| Master::remove(m, keys, force),
-        )
-    }
-
-    fn clear_replicas(
-        &self,
-        keys: Vec<String>,
-        segment: Option<String>,
-    ) -> MasterFuture<'_, Vec<CodeResult<()>>> {
-        let count = keys.len();
-        self.write(
-            move |code| refuse_all(count, code),
-            move |m| Master::clear_replicas(m, keys, segment),
-        )
-    }
-
-    fn remove_by_regex(
-        &self,
-        tenant: Tenant,
-        pattern: String,
-        force: bool,
-    ) -> MasterFuture<'_, CodeResult<u64>> {
-        self.write(Err, move |m| {
-            Master::remove_by_regex(m, tenant, pattern, force)
-        })
-    }
-
-    fn remove_all(&self, tenant: Tenant, force: bool) -> MasterFuture<'_, CodeResult<u64>> {
-        self.write(Err, move |m| Master::remove_all(m, tenant, force))
-    }
-
-    fn create_copy_task(
-        &self,
-        key: String,
-        targets: Vec<String>,
-        id: u128,
-    ) -> MasterFuture<'_, CodeResult<u128>> {
-        self.write(Err, move |m| Master::create_copy_task(m, key, targets, id))
-    }
-
-    fn create_move_task(
-        &self,
-        key: String,
-        source: String,
-        target: String,
-        id: u128,
-    ) -> MasterFuture<'_, CodeResult<u128>> {
-        self.write(Err, move |m| {
-            Master::create_move_task(m, key, source, target, id)
-        })
-    }
-
-    fn query_task(&self, id: u128) -> MasterFuture<'_, CodeResult<TaskInfo>> {
-        self.read(Err, move |m| Master::query_task(m, id))
-    }
-
-    fn fetch_tasks(&self, client: u128, max: u32) -> MasterFuture<'_, CodeResult<Vec<TaskWork>>> {
-        self.write(Err, move |m| Master::fetch_tasks(m, client, max))
-    }
-
-    fn finish_task(
-        &self,
-        client: u128,
-        id: u128,
-        outcome: Result<(), i32>,
-    ) -> MasterFuture<'_, CodeResult<()>> {
-        self.write(Err, move |m| Master::finish_task(m, client, id, outcome))
-    }
-
-    fn enable_offload(&self, client: u128) -> MasterFuture<'_, CodeResult<()>> {
-        self.write(Err, move |m| Master::enable_offload(m, client))
-    }
-
-    fn offload_fetch(&self, client: u128, max: u32) -> MasterFuture<'_, CodeResult<OffloadWork>> {
-        self.read(Err, move |m| Master::offload_fetch(m, client, max))
-    }
-
-    fn offload_done(
-        &self,
-        client: u128,
-        objects: Vec<(String, u64)>,
-    ) -> MasterFuture<'_, CodeResult<()>> {
-        self.write(Err, move |m| Master::offload_done(m, client, objects))
-    }
-
-    fn disk_evicted(&self, client: u128, keys: Vec<String>) -> MasterFuture<'_, CodeResult<()>> {
-        self.write(Err, move |m| Master::disk_evicted(m, client, keys))
-    }
-
-    fn stats(&self) -> MasterFuture<'_, CodeResult<MasterStats>> {
-        Box::pin(async move {
-            let journal = self.leading()?;
-            let mut stats = Master::stats(&*self.master).await?;
-            stats.ha = Some(HaStatus {
-                epoch: journal.epoch(),
-                leader: self.advertised.clone(),
-                standbys: journal.standbys().into_iter().map(|(_, s)| s).collect(),
-            });
-            Ok(stats)
-        })
+    fn call(&self, request: MasterRequest) -> MasterFuture<'_, MasterResponse> {
+        let shape = request.shape();
+        match shape.call.kind() {
+            CallKind::Read => Box::pin(async move {
+                let journal = match self.leading() {
+                    Ok(journal) => journal,
+                    Err(code) => return shape.failed(code),
+                };
+                let mut response = self.master.handle(request);
+                if let MasterResponse::Stats(Ok(stats)) = &mut response {
+                    stats.ha = Some(HaStatus {
+                        epoch: journal.epoch(),
+                        leader: self.advertised.clone(),
+                        standbys: journal.standbys().into_iter().map(|(_, s)| s).collect(),
+                    });
+                }
+                response
+            }),
+            CallKind::Write | CallKind::IndexScan => self.write(shape, request),
+        }
     }
 }

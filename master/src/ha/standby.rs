@@ -8,9 +8,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
-use mooncake_core::master_api::RemoteMaster;
 use mooncake_core::master_api::replication::SnapshotState;
 use mooncake_core::protocol::auth::ClusterSecret;
+use mooncake_core::protocol::master_client::RemoteMaster;
 
 use super::etcd::LeaderView;
 use super::node::HaNode;

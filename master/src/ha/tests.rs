@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mooncake_core::master_api::replication::SnapshotState;
-use mooncake_core::master_api::{LOCAL_OWNER, Master};
+use mooncake_core::master_api::{LOCAL_OWNER, MasterExt};
 use mooncake_core::types::ReplicateConfig;
 
 use super::journal::Journal;
@@ -64,7 +64,7 @@ fn put(master: &MasterService, key: &str, size: u64, config: &ReplicateConfig) {
 async fn workload(leader: &MasterService, round: u64) {
     let client = 1000 + u128::from(round);
     let name = format!("node-{round}:1");
-    Master::mount_segment(leader, client, name.clone(), 1 << 22, format!("{name}x"))
+    MasterExt::mount_segment(leader, client, name.clone(), 1 << 22, format!("{name}x"))
         .await
         .expect("mount");
     leader.enable_offload(client).expect("offload");
