@@ -11,10 +11,8 @@
 use std::borrow::Cow;
 
 use crate::error::ErrorCode;
+pub use crate::types::TENANT_SEPARATOR;
 use crate::types::validate_key;
-
-/// Separates the tenant from the key in the master's key space.
-pub const TENANT_SEPARATOR: char = '\u{1f}';
 
 /// The tenant of a real client started without `--tenant_id`.
 pub const DEFAULT_TENANT: &str = "default";

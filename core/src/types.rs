@@ -4,12 +4,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ErrorCode;
 
+/// Separates the tenant from the key in the master's key space (see
+/// [`crate::tenant`]); no key may contain it.
+pub const TENANT_SEPARATOR: char = '\u{1f}';
+
 /// Longest key accepted unless the master is configured otherwise.
 pub const MAX_KEY_LEN: usize = 4096;
 
 /// Checks that `key` is non-empty and at most `max_len` bytes.
 pub fn validate_key(key: &str, max_len: usize) -> Result<(), ErrorCode> {
-    if key.is_empty() || key.len() > max_len || key.contains(crate::tenant::TENANT_SEPARATOR) {
+    if key.is_empty() || key.len() > max_len || key.contains(TENANT_SEPARATOR) {
         Err(ErrorCode::INVALID_KEY)
     } else {
         Ok(())

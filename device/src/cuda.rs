@@ -14,8 +14,8 @@ use cudarc::driver::sys::{
 };
 use parking_lot::Mutex;
 
-use crate::DeviceError;
-use crate::driver::{Api, IPC_HANDLE_LEN, RawStream, Restore};
+use crate::api::{Api, IPC_HANDLE_LEN, RawStream, Restore};
+use crate::error::DeviceError;
 
 /// Environment variable naming the driver library to load before looking for
 /// `libcuda.so` on the library path (a driver in an unusual place, or the stand-in

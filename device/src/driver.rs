@@ -2,7 +2,7 @@
 //! allocations of addresses, copies between device and host memory on streams of a
 //! small pool, IPC handles, pinned host memory.
 //!
-//! Each interface implements the raw calls of [`Api`] ([`crate::cuda`],
+//! Each interface implements the raw calls of [`Api`](crate::api) ([`crate::cuda`],
 //! [`crate::hip`]); [`Driver`] adds what both share: the device made current around
 //! every call (the caller's own current device or context is restored), the stream
 //! pool, synchronization before a call returns, and the guards that close opened
@@ -15,10 +15,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use mooncake_core::types::DeviceApi;
 use parking_lot::Mutex;
 
-use crate::{DeviceAllocation, DeviceError};
-
-/// Size of an IPC handle (CUDA's and HIP's).
-pub const IPC_HANDLE_LEN: usize = 64;
+pub use crate::api::IPC_HANDLE_LEN;
+use crate::api::{Api, DeviceAllocation, RawStream, Restore};
+use crate::error::DeviceError;
 
 /// Streams kept idle per device; more concurrent copies create streams that are
 /// destroyed after use.
@@ -30,72 +29,6 @@ static OPEN_HANDLES: AtomicU64 = AtomicU64::new(0);
 /// Number of IPC handles this process has open (shown in status).
 pub fn open_handles() -> u64 {
     OPEN_HANDLES.load(Ordering::Relaxed)
-}
-
-/// A stream of the interface, as an address (streams are opaque pointers).
-pub(crate) type RawStream = usize;
-
-/// What [`Api::leave`] restores on the calling thread.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Restore(pub(crate) i32);
-
-/// The raw calls of one GPU interface. Errors name the call that failed.
-pub(crate) trait Api: Send + Sync + std::fmt::Debug {
-    /// Number of devices.
-    fn device_count(&self) -> i32;
-    /// Makes `device` current on this thread; the answer lets [`Api::leave`] put back
-    /// what was current before.
-    fn enter(&self, device: i32) -> Result<Restore, DeviceError>;
-    /// Undoes [`Api::enter`].
-    fn leave(&self, restore: Restore);
-    /// A new non-blocking stream of the current device.
-    fn create_stream(&self) -> Result<RawStream, DeviceError>;
-    /// Destroys a stream.
-    fn destroy_stream(&self, stream: RawStream) -> Result<(), DeviceError>;
-    /// Waits for a stream's work.
-    fn synchronize(&self, stream: RawStream) -> Result<(), DeviceError>;
-    /// Queues a copy of device memory at `src` to host memory at `dst`.
-    ///
-    /// # Safety
-    /// Both ranges must stay valid until the stream is synchronized.
-    unsafe fn copy_to_host_async(
-        &self,
-        dst: *mut u8,
-        src: u64,
-        len: usize,
-        stream: RawStream,
-    ) -> Result<(), DeviceError>;
-    /// Queues a copy of host memory at `src` to device memory at `dst`.
-    ///
-    /// # Safety
-    /// Both ranges must stay valid until the stream is synchronized.
-    unsafe fn copy_from_host_async(
-        &self,
-        dst: u64,
-        src: *const u8,
-        len: usize,
-        stream: RawStream,
-    ) -> Result<(), DeviceError>;
-    /// The device ordinal of `addr` when the interface knows it as device memory.
-    fn device_of(&self, addr: u64) -> Result<Option<i32>, DeviceError>;
-    /// The allocation holding `addr`: start and length (its device is current).
-    fn address_range(&self, addr: u64) -> Result<(u64, u64), DeviceError>;
-    /// The IPC handle of the allocation starting at `base` (its device is current).
-    fn ipc_export(&self, base: u64) -> Result<[u8; IPC_HANDLE_LEN], DeviceError>;
-    /// Opens another process's allocation on the current device.
-    fn ipc_open(&self, handle: &[u8; IPC_HANDLE_LEN]) -> Result<u64, DeviceError>;
-    /// Closes an allocation [`Api::ipc_open`] opened.
-    fn ipc_close(&self, ptr: u64) -> Result<(), DeviceError>;
-    /// Pins host memory for every device.
-    ///
-    /// # Safety
-    /// The range must stay mapped until it is unregistered.
-    unsafe fn host_register(&self, ptr: *mut u8, len: usize) -> Result<(), DeviceError>;
-    /// Unpins host memory pinned at `ptr`.
-    ///
-    /// # Safety
-    /// `ptr` must be the start of a range [`Api::host_register`] pinned.
-    unsafe fn host_unregister(&self, ptr: *mut u8) -> Result<(), DeviceError>;
 }
 
 /// A loaded GPU driver.

@@ -7,8 +7,8 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
-use crate::DeviceError;
-use crate::driver::{Api, IPC_HANDLE_LEN, RawStream, Restore};
+use crate::api::{Api, IPC_HANDLE_LEN, RawStream, Restore};
+use crate::error::DeviceError;
 
 /// Environment variable naming the HIP runtime library to load instead of looking for
 /// `libamdhip64.so` on the library path (a ROCm in an unusual place, or the stand-in

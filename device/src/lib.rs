@@ -14,6 +14,7 @@
 //!
 //! The rest of the code sees [`MemoryKind`] and the calls of [`driver::Driver`].
 
+mod api;
 pub mod cuda;
 pub mod driver;
 mod error;
@@ -21,21 +22,9 @@ pub mod fake;
 pub mod hip;
 pub mod host;
 
+pub use api::DeviceAllocation;
 pub use error::DeviceError;
 pub use mooncake_core::types::DeviceApi;
-
-/// A device allocation: where a device pointer belongs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeviceAllocation {
-    /// The GPU interface that knows it.
-    pub api: DeviceApi,
-    /// Device ordinal.
-    pub device: i32,
-    /// Start of the allocation (a device address of this process).
-    pub base: u64,
-    /// Length of the allocation in bytes.
-    pub len: u64,
-}
 
 /// What an address range of this process is.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use mooncake_real_client::server::ServerState;
+use mooncake_real_client::ServerState;
 use mooncake_real_client::{RealClient, RealClientConfig, in_process};
 
 use crate::client::{DummyClient, SetupError};

@@ -4,6 +4,16 @@ use std::time::Duration;
 
 use mooncake_core::types::MAX_KEY_LEN;
 
+/// Longest soft pin an object entry records: `u32::MAX` milliseconds (49.7 days); longer ones
+/// are cut to it (the configuration refuses longer TTLs).
+pub const MAX_ENTRY_TTL: Duration = Duration::from_millis(u32::MAX as u64);
+
+/// Longest read lease an object entry records: `u32::MAX` microseconds (71.5 minutes); longer
+/// ones are cut to it (the configuration refuses longer TTLs). Leases are kept to the
+/// microsecond so that a lease ends no later than one TTL after the read that took it:
+/// a `remove` sent once the TTL has passed is never refused.
+pub const MAX_LEASE_TTL: Duration = Duration::from_micros(u32::MAX as u64);
+
 /// How the master picks segments for new replicas (after any preferred segments).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AllocationStrategy {
@@ -112,10 +122,10 @@ impl MasterConfig {
         if self.default_kv_lease_ttl.is_zero() || self.client_ttl.is_zero() {
             return Err("--default_kv_lease_ttl and --client_ttl must be larger than zero".into());
         }
-        if self.default_kv_lease_ttl > crate::objects::MAX_LEASE_TTL {
+        if self.default_kv_lease_ttl > MAX_LEASE_TTL {
             return Err("--default_kv_lease_ttl must be at most 4294967 ms (71 minutes)".into());
         }
-        if self.max_kv_soft_pin_ttl > crate::objects::MAX_ENTRY_TTL {
+        if self.max_kv_soft_pin_ttl > MAX_ENTRY_TTL {
             return Err("--max_kv_soft_pin_ttl must be at most 4294967295 ms (49 days)".into());
         }
         Ok(())

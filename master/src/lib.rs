@@ -40,13 +40,12 @@ mod service;
 mod tasks;
 
 pub use clock::Clock;
-pub use config::{AllocationStrategy, MasterConfig};
+pub use config::{AllocationStrategy, MAX_ENTRY_TTL, MAX_LEASE_TTL, MasterConfig};
 pub use eviction::{EvictionReport, MaintenanceReport};
 pub use mooncake_core::master_api::{
     ClientStatus, LOCAL_OWNER, MasterStats, OffloadWork, PutStarted, SegmentUsage, TaskInfo,
     TaskKind, TaskStatus, TaskWork,
 };
-pub use objects::{MAX_ENTRY_TTL, MAX_LEASE_TTL};
 pub use segments::MountedSegment;
 pub use service::{DiskCopy, MAX_REGEX_LEN, MasterService};
 pub use tasks::{MAX_ACTIVE_TASKS, MAX_FINISHED_TASKS};

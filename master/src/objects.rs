@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use mooncake_core::allocator::Allocation;
 use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus};
 
+use super::config::MAX_LEASE_TTL;
 use super::segments::MountedSegment;
 
 /// One replica's space inside a segment.
@@ -202,16 +203,6 @@ const OFFLOAD_PENDING: u64 = 1 << 61;
 const HARD_PIN: u64 = 1 << 63;
 /// Bit of [`ObjectEntry::used_and_flags`]: a copy or move task is unfinished.
 const REPLICATING: u64 = 1 << 62;
-
-/// Longest soft pin an entry records: `u32::MAX` milliseconds (49.7 days); longer ones
-/// are cut to it (the configuration refuses longer TTLs).
-pub const MAX_ENTRY_TTL: Duration = Duration::from_millis(u32::MAX as u64);
-
-/// Longest read lease an entry records: `u32::MAX` microseconds (71.5 minutes); longer
-/// ones are cut to it (the configuration refuses longer TTLs). Leases are kept to the
-/// microsecond so that a lease ends no later than one TTL after the read that took it:
-/// a `remove` sent once the TTL has passed is never refused.
-pub const MAX_LEASE_TTL: Duration = Duration::from_micros(u32::MAX as u64);
 
 /// Microseconds from `base` to `end`, 0 when `end` is not after `base`, at most
 /// `u32::MAX`.

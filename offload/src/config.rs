@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use mooncake_core::units::parse_size;
 
+/// Default name of the file-per-key directory, `MOONCAKE_OFFLOAD_FSDIR`.
+pub const DEFAULT_FSDIR: &str = "file_per_key_dir";
+
 /// The storage backend, `MOONCAKE_OFFLOAD_STORAGE_BACKEND_DESCRIPTOR`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
@@ -274,7 +277,7 @@ impl OffloadConfig {
             eviction_policy,
             fsdir: env
                 .raw(&["MOONCAKE_OFFLOAD_FSDIR"])
-                .map_or_else(|| "file_per_key_dir".to_string(), |(_, v)| v),
+                .map_or_else(|| DEFAULT_FSDIR.to_string(), |(_, v)| v),
             dkv_client: env.parsed(
                 &["MOONCAKE_OFFLOAD_DKV_CLIENT"],
                 DkvClientKind::Redis,

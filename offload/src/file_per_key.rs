@@ -32,9 +32,6 @@ use crate::config::EvictionPolicy;
 use crate::io::IoEngine;
 use crate::object_index::ObjectIndex;
 
-/// Default name of the directory of files, `MOONCAKE_OFFLOAD_FSDIR`.
-pub const DEFAULT_FSDIR: &str = "file_per_key_dir";
-
 const BLOCK: u64 = 4096;
 
 /// The file-per-key store in one directory.
@@ -48,16 +45,6 @@ pub struct FilePerKeyStore {
 }
 
 impl FilePerKeyStore {
-    /// Opens the store in `dir/file_per_key_dir` (created when missing).
-    pub fn open(
-        dir: &Path,
-        limits: Limits,
-        policy: EvictionPolicy,
-        io: Arc<IoEngine>,
-    ) -> Result<(Self, RecoveryReport), StoreError> {
-        Self::open_in(&dir.join(DEFAULT_FSDIR), limits, policy, io)
-    }
-
     /// Opens the store with its files under `root` (created when missing).
     pub fn open_in(
         root: &Path,

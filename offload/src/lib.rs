@@ -17,7 +17,7 @@ pub mod checksum;
 pub mod config;
 pub mod dkv;
 pub mod factory;
-pub mod file_per_key;
+mod file_per_key;
 pub mod io;
 mod object_index;
 pub mod offset_allocator;

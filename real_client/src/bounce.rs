@@ -83,6 +83,7 @@ impl BouncePool {
     }
 
     /// Bytes of buffers kept for reuse.
+    #[cfg(test)]
     pub fn kept_bytes(&self) -> u64 {
         self.kept.lock().iter().map(Cached::class).sum()
     }

@@ -21,28 +21,13 @@ use parking_lot::RwLock;
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::protocol::rpc::DeviceBufferDecl;
 use mooncake_device::DeviceApi;
-use mooncake_device::driver::{self, IPC_HANDLE_LEN, OpenedAllocation};
+use mooncake_device::driver::{self, IPC_HANDLE_LEN};
 use mooncake_shm::SharedMemory;
 
-use crate::region::{DeviceRange, Region};
+use crate::region::{DeviceRange, DeviceTarget, Region};
 
 /// Most device buffers one session may register.
 pub const MAX_DEVICE_BUFFERS: usize = 4096;
-
-/// A device allocation reachable from this process.
-#[derive(Debug)]
-pub struct DeviceTarget {
-    /// The GPU interface of the allocation.
-    pub api: DeviceApi,
-    /// The device.
-    pub device: i32,
-    /// The allocation's start, as a device address of this process.
-    pub base: u64,
-    /// The IPC handle it was opened from (none for an in-process dummy's).
-    handle: Option<[u8; IPC_HANDLE_LEN]>,
-    /// Keeps an allocation of another process open (none for an in-process dummy's).
-    _opened: Option<OpenedAllocation>,
-}
 
 /// One registered buffer.
 #[derive(Clone, Debug)]

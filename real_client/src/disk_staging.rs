@@ -81,6 +81,7 @@ impl StagingPool {
     }
 
     /// Bytes leased out now.
+    #[cfg(test)]
     pub fn leased(&self) -> u64 {
         self.blocks.lock().leased
     }

@@ -18,8 +18,8 @@ use mooncake_core::protocol::rpc::{RealClientRpc, RealClientRpcRequest, RealClie
 use mooncake_shm::{SharedMemory, TranslateError};
 
 use crate::rpc::DummyHandler;
-use crate::server::ServerState;
 use crate::session::Session;
+use crate::state::ServerState;
 
 /// The session of a dummy in this process. Requests run on the calling thread; the
 /// session ends (its memory released) when this is dropped.

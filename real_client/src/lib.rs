@@ -18,32 +18,34 @@
 //! The binary is thin: [`cli::main`] parses flags and calls [`run`]. Embedders (the Python
 //! `setup()` mode) call [`RealClient::start`] instead.
 
-pub mod bounce;
+mod bounce;
 pub mod cli;
-pub mod config;
-pub mod declared;
-pub mod device_buffers;
-pub mod disk;
-pub mod disk_staging;
-pub mod handshake;
-pub mod hard_pins;
+mod config;
+mod declared;
+mod device_buffers;
+mod disk;
+mod disk_staging;
+mod handshake;
+mod hard_pins;
 pub mod in_process;
 mod liveness;
-pub mod master_link;
-pub mod metrics;
-pub mod protocol_choice;
-pub mod read_cache;
-pub mod read_leases;
-pub mod region;
-pub mod reservations;
-pub mod rpc;
+mod master_link;
+mod metrics;
+mod offload_loop;
+mod protocol_choice;
+mod read_cache;
+mod read_leases;
+mod region;
+mod reservations;
+mod rpc;
 pub mod server;
-pub mod session;
+mod session;
+mod state;
 mod status_http;
-pub mod store;
+mod store;
 mod tasks;
 pub mod transfer;
-pub mod writes_in_flight;
+mod writes_in_flight;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -67,7 +69,9 @@ use mooncake_shm::shared_memory::PageSize;
 pub use config::{ConfigError, EmbeddedOptions, RealClientConfig};
 use handshake::ServerIdentity;
 use master_link::MasterLink;
-use server::{BindError, ReadLeaseQuota, ServerState};
+use server::BindError;
+use state::ReadLeaseQuota;
+pub use state::ServerState;
 use store::Store;
 use transfer::server::ServedSegment;
 use transfer::{TransferClient, TransferServer};
@@ -220,6 +224,171 @@ fn remote_master_secret(config: &RealClientConfig, address: &str) -> Option<Arc<
     None
 }
 
+/// The master a real client found: the seam, the embedded master when there is one,
+/// the id this client mounts under and the secret its connections prove.
+struct MasterChoice {
+    master: Arc<dyn Master>,
+    embedded: Option<EmbeddedMaster>,
+    client_id: u128,
+    secret: Option<Arc<ClusterSecret>>,
+}
+
+/// Starts the embedded master, or reaches the one `--master_server_address` names (a
+/// `mooncake_master`, or the leader of the moment for `etcd://…`).
+async fn choose_master(
+    config: &RealClientConfig,
+    instance_id: u128,
+) -> Result<MasterChoice, StartError> {
+    let Some(address) = &config.master_address else {
+        let master = Arc::new(MasterService::new(config.master.clone(), Clock::System));
+        let (embedded, secret) = start_embedded_master(config, Arc::clone(&master)).await?;
+        return Ok(MasterChoice {
+            master,
+            embedded: Some(embedded),
+            client_id: LOCAL_OWNER,
+            secret: Some(secret),
+        });
+    };
+    let secret = remote_master_secret(config, address);
+    let master: Arc<dyn Master> = match address.strip_prefix("etcd://") {
+        Some(endpoints) => Arc::new(LeaderFollower::start(
+            config::etcd_endpoints(endpoints).map_err(|reason| {
+                StartError::Config(config::ConfigError::Invalid {
+                    flag: "master_server_address",
+                    reason,
+                })
+            })?,
+            config.cluster_id.clone(),
+            secret.clone(),
+            mooncake_master::ha::follow::DEFAULT_FAILOVER_WAIT,
+        )),
+        None => Arc::new(
+            RemoteMaster::new(address.clone(), secret.clone()).with_caller_spin(config.caller_spin),
+        ),
+    };
+    Ok(MasterChoice {
+        master,
+        embedded: None,
+        client_id: instance_id,
+        secret,
+    })
+}
+
+/// Allocates this node's segment (one page for a pure client, which contributes no
+/// memory) and starts faulting it in.
+fn allocate_segment(config: &RealClientConfig) -> Result<Arc<ServedSegment>, StartError> {
+    let contributes = config.global_segment_size > 0;
+    if !contributes {
+        tracing::info!(
+            "--global_segment_size=0: a pure client; it contributes no memory and places every object on other nodes"
+        );
+    }
+    let memory = SharedMemory::create_populated(
+        "mooncake_segment",
+        // A pure client keeps one unused page, so the transfer engine has a segment.
+        config.global_segment_size.max(1),
+        PageSize::from_env(),
+        false,
+    )
+    .map_err(|source| StartError::Segment {
+        size: format_size(config.global_segment_size),
+        source,
+    })?;
+    let memory = Arc::new(memory);
+    memory.prefault_in_background("segment-prefault");
+    Ok(Arc::new(ServedSegment {
+        memory,
+        id: AtomicU64::new(0),
+        contributes,
+        name: config.segment_name(),
+        writes: Default::default(),
+    }))
+}
+
+/// Opens the SSD tier when offload is configured (recovering what is on disk).
+async fn open_disk_tier(
+    config: &RealClientConfig,
+) -> Result<Option<Arc<disk::DiskTier>>, StartError> {
+    let Some(mut settings) = config.offload.clone() else {
+        return Ok(None);
+    };
+    settings.node = config.segment_name();
+    let (tier, _) = tokio::task::spawn_blocking(move || disk::DiskTier::open(settings))
+        .await
+        .map_err(|e| StartError::Disk(e.to_string()))?
+        .map_err(|e| StartError::Disk(e.to_string()))?;
+    Ok(Some(Arc::new(tier)))
+}
+
+/// Mounts the segment at the master (when it contributes memory) and registers the SSD
+/// tier with what it holds.
+async fn join_cluster(
+    master: &MasterLink,
+    client_id: u128,
+    served: &ServedSegment,
+    endpoint: &str,
+    disk: Option<&disk::DiskTier>,
+) -> Result<(), StartError> {
+    if served.contributes {
+        let id = master
+            .mount_segment(
+                client_id,
+                &served.name,
+                served.memory.len() as u64,
+                endpoint,
+            )
+            .await
+            .map_err(StartError::Mount)?;
+        served.id.store(id, Ordering::Release);
+    }
+    if let Some(disk) = disk {
+        offload_loop::register(disk, master, client_id)
+            .await
+            .map_err(StartError::Offload)?;
+    }
+    Ok(())
+}
+
+/// What the RPC handlers share: the store, the limits on dummies, the counters.
+async fn server_state(
+    config: &RealClientConfig,
+    instance_id: u128,
+    store: Store,
+    started: Instant,
+) -> ServerState {
+    // The master's read lease, for the quota on dummies' leases (the embedded master's
+    // when a remote one does not answer yet).
+    let read_lease_ttl = store
+        .master()
+        .read_lease_ttl()
+        .await
+        .unwrap_or(config.master.default_kv_lease_ttl);
+    ServerState {
+        identity: ServerIdentity {
+            instance_id,
+            segment_name: config.segment_name(),
+            max_mapped_bytes: config.max_dummy_shm_size,
+            max_total_mapped_bytes: config.max_total_dummy_shm_size,
+            max_sessions: config.max_dummy_sessions,
+        },
+        store: Arc::new(store),
+        sessions: Default::default(),
+        allowed_uids: config.allowed_uids.clone(),
+        started,
+        metrics: Default::default(),
+        admission: Default::default(),
+        master_at: config
+            .master_address
+            .clone()
+            .unwrap_or_else(|| "embedded".into()),
+        max_hard_pinned_bytes_per_dummy: config.hard_pin_quota(),
+        read_leases: ReadLeaseQuota {
+            max_bytes_per_dummy: config.read_lease_quota(),
+            ttl: read_lease_ttl,
+        },
+    }
+}
+
 impl RealClient {
     /// Allocates and mounts the segment, starts the transfer engine and binds the
     /// socket; serving dummies starts with [`serve`](Self::serve). Must run inside a
@@ -232,156 +401,50 @@ impl RealClient {
         let instance_id = random_id();
         let tenant = Tenant::new(&config.tenant_id).map_err(StartError::Tenant)?;
         let transfer_bind = config.transfer_bind().map_err(StartError::Config)?;
-        let (master, embedded_master, client_id, secret) = match &config.master_address {
-            None => {
-                let master = Arc::new(MasterService::new(config.master.clone(), Clock::System));
-                let (embedded, secret) =
-                    start_embedded_master(&config, Arc::clone(&master)).await?;
-                (
-                    master as Arc<dyn Master>,
-                    Some(embedded),
-                    LOCAL_OWNER,
-                    Some(secret),
-                )
-            }
-            Some(address) => {
-                let secret = remote_master_secret(&config, address);
-                let master: Arc<dyn Master> = match address.strip_prefix("etcd://") {
-                    Some(endpoints) => Arc::new(LeaderFollower::start(
-                        config::etcd_endpoints(endpoints).map_err(|reason| {
-                            StartError::Config(config::ConfigError::Invalid {
-                                flag: "master_server_address",
-                                reason,
-                            })
-                        })?,
-                        config.cluster_id.clone(),
-                        secret.clone(),
-                        mooncake_master::ha::follow::DEFAULT_FAILOVER_WAIT,
-                    )),
-                    None => Arc::new(
-                        RemoteMaster::new(address.clone(), secret.clone())
-                            .with_caller_spin(config.caller_spin),
-                    ),
-                };
-                (master, None, instance_id, secret)
-            }
-        };
+        let chosen = choose_master(&config, instance_id).await?;
         let master = MasterLink::new(
-            master,
+            chosen.master,
             tenant,
             instance_id,
             config.read_cache,
             reservations::budget_for(config.global_segment_size),
         );
-        let contributes = config.global_segment_size > 0;
-        if !contributes {
-            tracing::info!(
-                "--global_segment_size=0: a pure client; it contributes no memory and places every object on other nodes"
-            );
-        }
-        let memory = SharedMemory::create_populated(
-            "mooncake_segment",
-            // A pure client keeps one unused page, so the transfer engine has a segment.
-            config.global_segment_size.max(1),
-            PageSize::from_env(),
-            false,
-        )
-        .map_err(|source| StartError::Segment {
-            size: format_size(config.global_segment_size),
-            source,
-        })?;
-        let memory = Arc::new(memory);
-        memory.prefault_in_background("segment-prefault");
-        let served = Arc::new(ServedSegment {
-            memory,
-            id: AtomicU64::new(0),
-            contributes,
-            name: config.segment_name(),
-            writes: Default::default(),
-        });
-        let disk = match config.offload.clone() {
-            Some(mut settings) => Some(Arc::new({
-                settings.node = config.segment_name();
-                tokio::task::spawn_blocking(move || disk::DiskTier::open(settings))
-                    .await
-                    .map_err(|e| StartError::Disk(e.to_string()))?
-                    .map_err(|e| StartError::Disk(e.to_string()))?
-                    .0
-            })),
-            None => None,
-        };
+        let served = allocate_segment(&config)?;
+        let disk = open_disk_tier(&config).await?;
         let transfer = TransferServer::start(
             transfer_bind,
             Arc::clone(&served),
             disk.clone(),
             config.transfer_congestion.clone(),
-            secret.clone(),
+            chosen.secret.clone(),
         )
         .map_err(StartError::Transfer)?;
         let endpoint = format!("{}:{}", config.advertised_host(), transfer.address().port());
-        let segment_name = config.segment_name();
-        if contributes {
-            let id = master
-                .mount_segment(
-                    client_id,
-                    &segment_name,
-                    served.memory.len() as u64,
-                    &endpoint,
-                )
-                .await
-                .map_err(StartError::Mount)?;
-            served.id.store(id, Ordering::Release);
-        }
-        if let Some(disk) = &disk {
-            disk::register(disk, &master, client_id)
-                .await
-                .map_err(StartError::Offload)?;
-        }
-        // The master's read lease, for the quota on dummies' leases (the embedded
-        // master's when a remote one does not answer yet).
-        let read_lease_ttl = master
-            .read_lease_ttl()
-            .await
-            .unwrap_or(config.master.default_kv_lease_ttl);
-        let state = Arc::new(ServerState {
-            identity: ServerIdentity {
-                instance_id,
-                segment_name,
-                max_mapped_bytes: config.max_dummy_shm_size,
-                max_total_mapped_bytes: config.max_total_dummy_shm_size,
-                max_sessions: config.max_dummy_sessions,
-            },
-            store: Arc::new(Store::new(
-                master,
-                served,
-                config.segment_name(),
-                disk,
-                TransferClient::new(config.transfer_congestion.clone(), secret),
-            )),
-            sessions: Default::default(),
-            allowed_uids: config.allowed_uids.clone(),
-            started,
-            metrics: Default::default(),
-            admission: Default::default(),
-            master_at: config
-                .master_address
-                .clone()
-                .unwrap_or_else(|| "embedded".into()),
-            max_hard_pinned_bytes_per_dummy: config.hard_pin_quota(),
-            read_leases: ReadLeaseQuota {
-                max_bytes_per_dummy: config.read_lease_quota(),
-                ttl: read_lease_ttl,
-            },
-        });
+        join_cluster(
+            &master,
+            chosen.client_id,
+            &served,
+            &endpoint,
+            disk.as_deref(),
+        )
+        .await?;
+        let store = Store::new(
+            master,
+            served,
+            config.segment_name(),
+            disk,
+            TransferClient::new(config.transfer_congestion.clone(), chosen.secret),
+        );
+        let state = Arc::new(server_state(&config, instance_id, store, started).await);
         let (shutdown, _) = watch::channel(false);
         Ok(RealClient {
             state,
             shutdown,
             listener,
             config,
-            embedded_master,
+            embedded_master: chosen.embedded,
             _transfer: transfer,
-            client_id,
+            client_id: chosen.client_id,
             endpoint,
         })
     }
@@ -431,7 +494,7 @@ impl RealClient {
             ))
         });
         let offload = self.state.store.disk().map(|disk| {
-            tokio::spawn(disk::offload_loop(
+            tokio::spawn(offload_loop::offload_loop(
                 Arc::clone(disk),
                 Arc::clone(&self.state.store),
                 self.client_id,

@@ -8,7 +8,7 @@ use tokio::sync::watch;
 
 use mooncake_core::master_api::ClientStatus;
 
-use crate::server::ServerState;
+use crate::state::ServerState;
 
 /// Interval between heartbeats (well below the master's default `--client_ttl` of 10 s).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(1000);

@@ -12,10 +12,25 @@
 use std::sync::Arc;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_device::DeviceApi;
+use mooncake_device::driver::{IPC_HANDLE_LEN, OpenedAllocation};
 use mooncake_shm::MemSlice;
 use mooncake_shm::cross_memory::{CrossMemoryError, PeerProcess};
 
-use crate::device_buffers::DeviceTarget;
+/// A device allocation reachable from this process.
+#[derive(Debug)]
+pub struct DeviceTarget {
+    /// The GPU interface of the allocation.
+    pub api: DeviceApi,
+    /// The device.
+    pub device: i32,
+    /// The allocation's start, as a device address of this process.
+    pub base: u64,
+    /// The IPC handle it was opened from (none for an in-process dummy's).
+    pub(crate) handle: Option<[u8; IPC_HANDLE_LEN]>,
+    /// Keeps an allocation of another process open (none for an in-process dummy's).
+    pub(crate) _opened: Option<OpenedAllocation>,
+}
 
 /// A range of the dummy's ordinary memory.
 #[derive(Clone, Debug)]

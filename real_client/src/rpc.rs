@@ -17,8 +17,8 @@ use mooncake_core::types::{MAX_KEY_LEN, ReplicaDescriptor, ReplicateConfig};
 
 use crate::metrics::Op;
 use crate::region::Region;
-use crate::server::ServerState;
 use crate::session::Session;
+use crate::state::ServerState;
 use crate::store::Payload;
 
 /// Serves one dummy: its session plus the shared server state.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use mooncake_core::http::{self, Request, Response, Router};
 
-use crate::server::ServerState;
+use crate::state::ServerState;
 
 /// Serves the endpoints until the task is aborted.
 pub async fn serve(address: SocketAddr, state: Arc<ServerState>) {

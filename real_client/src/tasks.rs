@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::server::ServerState;
+use crate::state::ServerState;
 
 /// How often the master is asked for new tasks.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
