@@ -458,6 +458,30 @@ pub(crate) fn split_by_elements<I: Elements>(items: Vec<I>, budget: usize) -> Ve
     chunks
 }
 
+#[cfg(feature = "embedded")]
+impl DummyClient {
+    /// Starts a real client in this process with `config` (its segment is this
+    /// process's memory) and returns a client attached to it, with a shared pool of
+    /// `mem_pool_size` bytes and a staging buffer of `local_buffer_size` bytes.
+    pub fn setup_embedded(
+        config: mooncake_real_client::RealClientConfig,
+        mem_pool_size: u64,
+        local_buffer_size: u64,
+    ) -> Result<Self, SetupError> {
+        use crate::embedded::StartFailure;
+        let (host, running) = crate::embedded::start(config).map_err(|failure| match failure {
+            StartFailure::Runtime(error) => SetupError::Runtime(error),
+            StartFailure::RealClient(reason) => SetupError::Embedded(reason),
+        })?;
+        DummyClient::setup_with(
+            Target::InProcess(host),
+            mem_pool_size,
+            local_buffer_size,
+            Some(Box::new(running)),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use mooncake_core::protocol::rpc::{GetItem, MemRange};

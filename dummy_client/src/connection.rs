@@ -9,6 +9,7 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+#[cfg(feature = "embedded")]
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,15 +20,15 @@ use mooncake_core::protocol::PROTOCOL_VERSION;
 use mooncake_core::protocol::address::SocketAddress;
 use mooncake_core::protocol::codec;
 use mooncake_core::protocol::handshake::{
-    DummyFrame, Purpose, RealFrame, SegmentKind, SegmentRegistration, decode_len, decode_payload,
-    encode_frame,
+    DummyFrame, Purpose, RealFrame, SegmentRegistration, decode_len, decode_payload, encode_frame,
 };
 use mooncake_core::protocol::rpc::{
     RealClientRpcClient, RealClientRpcRequest, RealClientRpcResponse,
 };
 use mooncake_core::protocol::unix_stream::RpcUnixStream;
-use mooncake_shm::SharedMemory;
 use mooncake_shm::fd_passing::{peer_credentials, recv_exact_with_fds, send_with_fd};
+
+use crate::memory::Offer;
 
 /// How long connecting and the handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -140,15 +141,6 @@ pub struct Identity {
     pub client_id: u128,
     /// Human-readable name.
     pub name: String,
-}
-
-/// A segment to register, with its role.
-#[derive(Clone, Debug)]
-pub struct Offer {
-    /// The memory.
-    pub memory: Arc<SharedMemory>,
-    /// Pool or staging.
-    pub kind: SegmentKind,
 }
 
 /// How requests reach the real client.
@@ -482,7 +474,7 @@ impl Target {
         match self {
             Target::Socket(address) => connect(address, identity, offers),
             #[cfg(feature = "embedded")]
-            Target::InProcess(host) => host.connect(identity, offers),
+            Target::InProcess(host) => connect_in_process(host, identity, offers),
         }
     }
 
@@ -491,8 +483,33 @@ impl Target {
         match self {
             Target::Socket(address) => attach(address, identity, offer),
             #[cfg(feature = "embedded")]
-            Target::InProcess(host) => host.attach(identity, offer),
+            Target::InProcess(host) => host
+                .attach(identity.client_id, Arc::clone(&offer.memory))
+                .map_err(refused_in_process),
         }
+    }
+}
+
+/// Opens a session with the real client of this process, with `offers` registered.
+#[cfg(feature = "embedded")]
+fn connect_in_process(
+    host: &crate::embedded::Host,
+    identity: &Identity,
+    offers: &[Offer],
+) -> Result<Connected, ConnectError> {
+    let memory: Vec<_> = offers.iter().map(|o| Arc::clone(&o.memory)).collect();
+    let (direct, instance_id, segment_name) = host
+        .connect(identity.client_id, identity.name.clone(), &memory)
+        .map_err(refused_in_process)?;
+    Ok(Connected::in_process(direct, instance_id, segment_name))
+}
+
+/// The in-process real client refused a session or a segment, for `reason`.
+#[cfg(feature = "embedded")]
+fn refused_in_process(reason: String) -> ConnectError {
+    ConnectError::Refused {
+        address: SocketAddress::Abstract("in-process".into()),
+        reason,
     }
 }
 

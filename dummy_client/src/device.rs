@@ -59,7 +59,7 @@ impl DummyClient {
         #[cfg(feature = "embedded")]
         if let crate::connection::Target::InProcess(host) = &self.inner.target {
             return host
-                .register_device(&self.inner.identity, ptr, size, allocation)
+                .register_device(self.inner.identity.client_id, ptr, size, allocation)
                 .map_err(|code| format!("the in-process real client refused it ({code:?})"));
         }
         self.declare_device_over(connected, ptr, size, allocation)

@@ -10,8 +10,7 @@ use std::sync::Arc;
 use mooncake_real_client::ServerState;
 use mooncake_real_client::{RealClient, RealClientConfig, in_process};
 
-use crate::client::{DummyClient, SetupError};
-use crate::connection::{ConnectError, Connected, Identity, Offer, Target};
+use mooncake_shm::SharedMemory;
 
 /// Handle to the in-process real client.
 #[derive(Clone, Debug)]
@@ -21,57 +20,41 @@ pub struct Host {
 }
 
 impl Host {
-    fn refused(reason: String) -> ConnectError {
-        ConnectError::Refused {
-            address: mooncake_core::protocol::address::SocketAddress::Abstract("in-process".into()),
-            reason,
-        }
-    }
-
-    /// Opens an in-process session with `offers` registered.
+    /// Opens an in-process session for dummy `client_id` (named `name`) with `memory`
+    /// registered; answers the session, the real client's instance id and its segment
+    /// name, or why it refused.
     pub fn connect(
         &self,
-        identity: &Identity,
-        offers: &[Offer],
-    ) -> Result<Connected, ConnectError> {
-        let memory: Vec<_> = offers.iter().map(|o| Arc::clone(&o.memory)).collect();
-        let direct = in_process::attach(
-            &self.state,
-            &self.runtime,
-            identity.client_id,
-            identity.name.clone(),
-            &memory,
-        )
-        .map_err(|e| Self::refused(e.to_string()))?;
-        let identity_of = &self.state.identity;
-        Ok(Connected::in_process(
-            direct,
-            identity_of.instance_id,
-            identity_of.segment_name.clone(),
-        ))
+        client_id: u128,
+        name: String,
+        memory: &[Arc<SharedMemory>],
+    ) -> Result<(in_process::DirectSession, u128, String), String> {
+        let direct = in_process::attach(&self.state, &self.runtime, client_id, name, memory)
+            .map_err(|e| e.to_string())?;
+        let identity = &self.state.identity;
+        Ok((direct, identity.instance_id, identity.segment_name.clone()))
     }
 
-    /// Removes the segment at `base` from the in-process session.
-    pub fn detach(&self, identity: &Identity, base: u64) -> bool {
-        in_process::unregister(&self.state, identity.client_id, base)
+    /// Removes the segment at `base` from dummy `client_id`'s in-process session.
+    pub fn detach(&self, client_id: u128, base: u64) -> bool {
+        in_process::unregister(&self.state, client_id, base)
     }
 
-    /// Registers a GPU buffer with the in-process session (its device pointers are
-    /// valid in the real client, which runs here).
+    /// Registers a GPU buffer with dummy `client_id`'s in-process session (its device
+    /// pointers are valid in the real client, which runs here).
     pub fn register_device(
         &self,
-        identity: &Identity,
+        client_id: u128,
         addr: u64,
         len: u64,
         allocation: mooncake_device::DeviceAllocation,
     ) -> mooncake_core::error::CodeResult<()> {
-        in_process::register_device(&self.state, identity.client_id, addr, len, allocation)
+        in_process::register_device(&self.state, client_id, addr, len, allocation)
     }
 
-    /// Adds a segment to the in-process session.
-    pub fn attach(&self, identity: &Identity, offer: &Offer) -> Result<(), ConnectError> {
-        in_process::register(&self.state, identity.client_id, Arc::clone(&offer.memory))
-            .map_err(Self::refused)
+    /// Adds a segment to dummy `client_id`'s in-process session.
+    pub fn attach(&self, client_id: u128, memory: Arc<SharedMemory>) -> Result<(), String> {
+        in_process::register(&self.state, client_id, memory)
     }
 }
 
@@ -80,7 +63,7 @@ impl Host {
 const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Keeps the in-process real client running; stops it when dropped.
-struct Running {
+pub struct Running {
     stop: tokio::sync::watch::Sender<bool>,
     stopped: std::sync::mpsc::Receiver<()>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -107,49 +90,50 @@ impl Drop for Running {
     }
 }
 
-impl DummyClient {
-    /// Starts a real client in this process with `config` (its segment is this
-    /// process's memory) and returns a client attached to it, with a shared pool of
-    /// `mem_pool_size` bytes and a staging buffer of `local_buffer_size` bytes.
-    pub fn setup_embedded(
-        config: RealClientConfig,
-        mem_pool_size: u64,
-        local_buffer_size: u64,
-    ) -> Result<Self, SetupError> {
-        let threads = config.threads;
-        let mut builder = tokio::runtime::Builder::new_multi_thread();
-        builder
-            .worker_threads(if threads > 0 { threads } else { 2 })
-            .thread_name("mooncake-embedded");
-        let runtime = builder.enable_all().build().map_err(SetupError::Runtime)?;
-        let client = runtime
-            .block_on(RealClient::start(config))
-            .map_err(|e| SetupError::Embedded(e.to_string()))?;
-        let state = Arc::clone(client.state());
-        let stop = client.shutdown_handle();
-        let handle = runtime.handle().clone();
-        let (stopped_tx, stopped) = std::sync::mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("mooncake-embedded".into())
-            .spawn(move || {
-                runtime.block_on(client.serve());
-                let _ = stopped_tx.send(());
-            })
-            .map_err(SetupError::Runtime)?;
-        let running = Running {
-            stop,
-            stopped,
-            thread: Some(thread),
-        };
-        let host = Host {
-            state,
-            runtime: handle,
-        };
-        DummyClient::setup_with(
-            Target::InProcess(host),
-            mem_pool_size,
-            local_buffer_size,
-            Some(Box::new(running)),
-        )
-    }
+/// Why the in-process real client did not start.
+#[derive(Debug)]
+pub enum StartFailure {
+    /// Its runtime or thread could not start.
+    Runtime(std::io::Error),
+    /// It refused its configuration or could not set up (the text says why).
+    RealClient(String),
+}
+
+/// Starts a real client in this process with `config`, served by its own runtime on a
+/// background thread: the handle to call it, and what keeps it running (dropping it
+/// stops the real client).
+pub fn start(config: RealClientConfig) -> Result<(Host, Running), StartFailure> {
+    let threads = config.threads;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder
+        .worker_threads(if threads > 0 { threads } else { 2 })
+        .thread_name("mooncake-embedded");
+    let runtime = builder
+        .enable_all()
+        .build()
+        .map_err(StartFailure::Runtime)?;
+    let client = runtime
+        .block_on(RealClient::start(config))
+        .map_err(|e| StartFailure::RealClient(e.to_string()))?;
+    let state = Arc::clone(client.state());
+    let stop = client.shutdown_handle();
+    let handle = runtime.handle().clone();
+    let (stopped_tx, stopped) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("mooncake-embedded".into())
+        .spawn(move || {
+            runtime.block_on(client.serve());
+            let _ = stopped_tx.send(());
+        })
+        .map_err(StartFailure::Runtime)?;
+    let running = Running {
+        stop,
+        stopped,
+        thread: Some(thread),
+    };
+    let host = Host {
+        state,
+        runtime: handle,
+    };
+    Ok((host, running))
 }

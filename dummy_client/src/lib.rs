@@ -18,11 +18,11 @@
 
 mod buffer;
 mod client;
-pub mod connection;
+mod connection;
 mod declare;
 mod device;
 #[cfg(feature = "embedded")]
-pub mod embedded;
+mod embedded;
 pub mod host_memory;
 mod memory;
 mod pool;

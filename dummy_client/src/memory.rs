@@ -22,7 +22,14 @@ use mooncake_device::DeviceAllocation;
 use mooncake_shm::shared_memory::PageSize;
 use mooncake_shm::{MemSlice, PoolAllocator, SharedMemory, ShmError};
 
-use crate::connection::Offer;
+/// A segment to register, with its role.
+#[derive(Clone, Debug)]
+pub struct Offer {
+    /// The memory.
+    pub memory: Arc<SharedMemory>,
+    /// Pool or staging.
+    pub kind: SegmentKind,
+}
 
 /// How the dummy passes one application range to the real client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,8 @@ use mooncake_core::protocol::handshake::SegmentKind;
 use mooncake_device::MemoryKind;
 
 use crate::client::DummyClient;
-use crate::connection::{Link, Offer};
+use crate::connection::Link;
+use crate::memory::Offer;
 
 impl DummyClient {
     /// Allocates `size` bytes of shared memory for zero-copy puts and gets; returns its
@@ -162,7 +163,7 @@ impl DummyClient {
             memory: Arc::clone(&borrowed),
             kind: SegmentKind::Pool,
         };
-        match host.attach(&self.inner.identity, &offer) {
+        match host.attach(self.inner.identity.client_id, Arc::clone(&offer.memory)) {
             Ok(()) => memory.add_host(borrowed),
             Err(error) => {
                 tracing::debug!(%error, "registered buffer kept on the copy-through path");
@@ -192,7 +193,7 @@ impl DummyClient {
             if let (Some(gone), crate::connection::Target::InProcess(host)) =
                 (memory.remove_borrowed(ptr), &self.inner.target)
             {
-                host.detach(&self.inner.identity, ptr);
+                host.detach(self.inner.identity.client_id, ptr);
                 // Buffers registered inside the one just removed are handed over on
                 // their own.
                 let inner = memory.registrations_within(ptr, gone.len() as u64);

@@ -80,12 +80,13 @@ impl MasterProcess {
         Self::start_serving_http(extra, 0)
     }
 
-    /// Starts a master with `--enable_ha` in the cluster `cluster_id` of `etcd`, with
-    /// its HTTP server on a free port.
-    pub fn start_ha(etcd: &etcd::EtcdServer, cluster_id: &str, extra: &[&str]) -> Self {
+    /// Starts a master with `--enable_ha` in the cluster `cluster_id` of the etcd at
+    /// `etcd_endpoint` (see [`etcd::EtcdServer::endpoint`]), with its HTTP server on a
+    /// free port.
+    pub fn start_ha(etcd_endpoint: &str, cluster_id: &str, extra: &[&str]) -> Self {
         let mut flags = vec![
             "--enable_ha".to_string(),
-            format!("--etcd_endpoints={}", etcd.endpoint()),
+            format!("--etcd_endpoints={etcd_endpoint}"),
             format!("--cluster_id={cluster_id}"),
             "--ha_lease_ttl_sec=1".to_string(),
         ];

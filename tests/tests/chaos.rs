@@ -92,7 +92,7 @@ fn chaos_of_kills_loses_no_acknowledged_object_with_a_live_copy() {
     let etcd = EtcdServer::start();
     let cluster = format!("chaos-{}-{}", std::process::id(), unique_port());
     let mut masters: Vec<MasterProcess> = (0..3)
-        .map(|_| MasterProcess::start_ha(&etcd, &cluster, &[]))
+        .map(|_| MasterProcess::start_ha(&etcd.endpoint(), &cluster, &[]))
         .collect();
     assert!(eventually(Duration::from_secs(15), || leader_of(&masters).is_some()));
     let master_flag = format!("--master_server_address=etcd://{}", etcd.endpoint());

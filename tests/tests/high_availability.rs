@@ -38,7 +38,7 @@ impl Cluster {
         let etcd = EtcdServer::start();
         let cluster_id = format!("ha-{}-{}", std::process::id(), unique_port());
         let masters: Vec<_> = (0..masters)
-            .map(|_| MasterProcess::start_ha(&etcd, &cluster_id, &[]))
+            .map(|_| MasterProcess::start_ha(&etcd.endpoint(), &cluster_id, &[]))
             .collect();
         let mut cluster = Cluster {
             nodes: Vec::new(),
