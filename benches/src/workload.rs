@@ -173,11 +173,24 @@ fn put_call(
             let (p, s) = (firsts(ptrs), firsts(sizes));
             keys.iter()
                 .zip(p.iter().zip(&s))
-                .map(|(key, (&ptr, &size))| client.put_from(key, ptr, size, config))
+                // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+                // alive for the call and touched by nothing else meanwhile (or deliberately
+                // outside them, which the client refuses without touching).
+                .map(|(key, (&ptr, &size))| unsafe { client.put_from(key, ptr, size, config) })
                 .collect()
         }
-        Form::Batch => client.batch_put_from(keys, &firsts(ptrs), &firsts(sizes), config),
-        Form::MultiBuffers => client.batch_put_from_multi_buffers(keys, ptrs, sizes, config),
+        // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+        // alive for the call and touched by nothing else meanwhile (or deliberately
+        // outside them, which the client refuses without touching).
+        Form::Batch => unsafe {
+            client.batch_put_from(keys, &firsts(ptrs), &firsts(sizes), config)
+        },
+        // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+        // alive for the call and touched by nothing else meanwhile (or deliberately
+        // outside them, which the client refuses without touching).
+        Form::MultiBuffers => unsafe {
+            client.batch_put_from_multi_buffers(keys, ptrs, sizes, config)
+        },
     }
 }
 
@@ -197,11 +210,22 @@ fn get_call(
             let (p, s) = (firsts(ptrs), firsts(sizes));
             keys.iter()
                 .zip(p.iter().zip(&s))
-                .map(|(key, (&ptr, &size))| client.get_into(key, ptr, size))
+                // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+                // alive for the call and touched by nothing else meanwhile (or deliberately
+                // outside them, which the client refuses without touching).
+                .map(|(key, (&ptr, &size))| unsafe { client.get_into(key, ptr, size) })
                 .collect()
         }
-        Form::Batch => client.batch_get_into(keys, &firsts(ptrs), &firsts(sizes)),
-        Form::MultiBuffers => client.batch_get_into_multi_buffers(keys, ptrs, sizes, false),
+        // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+        // alive for the call and touched by nothing else meanwhile (or deliberately
+        // outside them, which the client refuses without touching).
+        Form::Batch => unsafe { client.batch_get_into(keys, &firsts(ptrs), &firsts(sizes)) },
+        // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+        // alive for the call and touched by nothing else meanwhile (or deliberately
+        // outside them, which the client refuses without touching).
+        Form::MultiBuffers => unsafe {
+            client.batch_get_into_multi_buffers(keys, ptrs, sizes, false)
+        },
     }
 }
 

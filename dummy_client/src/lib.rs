@@ -28,6 +28,7 @@ mod memory;
 mod pool;
 mod query;
 mod read;
+mod slices;
 pub mod spin;
 mod user_memory;
 mod write;

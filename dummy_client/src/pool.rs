@@ -77,7 +77,12 @@ impl DummyClient {
     /// the CUDA driver ([`crate::device`]); memory that is neither readable host memory
     /// nor device memory is refused. The memory must stay valid until
     /// [`unregister_buffer`](Self::unregister_buffer).
-    pub fn register_buffer(&self, ptr: u64, size: u64) -> CodeResult<()> {
+    ///
+    /// # Safety
+    /// `ptr..ptr+size` must stay valid (mapped, not freed or reused for something else)
+    /// until [`unregister_buffer`](Self::unregister_buffer) returns or this client is
+    /// dropped: later calls read and write it without borrowing it.
+    pub unsafe fn register_buffer(&self, ptr: u64, size: u64) -> CodeResult<()> {
         if self.is_closed() {
             return Err(ErrorCode::RPC_FAIL);
         }

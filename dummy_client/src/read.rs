@@ -233,8 +233,17 @@ impl DummyClient {
     /// Reads `key` into `ptr..ptr+size`; returns the object size. A buffer smaller than
     /// the object is `INVALID_PARAMS`; a pointer outside shared memory and registered
     /// buffers is `INVALID_PARAMS`.
-    pub fn get_into(&self, key: &str, ptr: u64, size: u64) -> CodeResult<u64> {
-        self.batch_get_into(&[key], &[ptr], &[size])
+    ///
+    /// # Safety
+    /// Every range named that lies in this client's shared memory or in one of its
+    /// registered buffers must be valid for writes for the whole call, with no Rust
+    /// reference to it alive: it is written behind Rust's back (by this client, or by
+    /// the real client from another process). Ranges elsewhere are refused
+    /// (`INVALID_PARAMS`), never written.
+    pub unsafe fn get_into(&self, key: &str, ptr: u64, size: u64) -> CodeResult<u64> {
+        // SAFETY: the caller keeps the promise of this function's safety section, which
+        // is the same.
+        unsafe { self.batch_get_into(&[key], &[ptr], &[size]) }
             .into_iter()
             .next()
             .unwrap_or(Err(ErrorCode::RPC_FAIL))
@@ -242,7 +251,14 @@ impl DummyClient {
 
     /// [`get_into`](Self::get_into) for many keys in one request; one size or error per
     /// key. Mismatched input lengths give `INVALID_PARAMS` for every key.
-    pub fn batch_get_into<K: AsRef<str>>(
+    ///
+    /// # Safety
+    /// Every range named that lies in this client's shared memory or in one of its
+    /// registered buffers must be valid for writes for the whole call, with no Rust
+    /// reference to it alive: it is written behind Rust's back (by this client, or by
+    /// the real client from another process). Ranges elsewhere are refused
+    /// (`INVALID_PARAMS`), never written.
+    pub unsafe fn batch_get_into<K: AsRef<str>>(
         &self,
         keys: &[K],
         ptrs: &[u64],
@@ -265,7 +281,14 @@ impl DummyClient {
     /// Reads each object into its list of buffers, filled in order (together they must
     /// hold the object). `prefer_same_node` is accepted for compatibility: a single
     /// node always reads locally.
-    pub fn batch_get_into_multi_buffers<K: AsRef<str>>(
+    ///
+    /// # Safety
+    /// Every range named that lies in this client's shared memory or in one of its
+    /// registered buffers must be valid for writes for the whole call, with no Rust
+    /// reference to it alive: it is written behind Rust's back (by this client, or by
+    /// the real client from another process). Ranges elsewhere are refused
+    /// (`INVALID_PARAMS`), never written.
+    pub unsafe fn batch_get_into_multi_buffers<K: AsRef<str>>(
         &self,
         keys: &[K],
         ptrs: &[Vec<u64>],
@@ -435,7 +458,14 @@ impl DummyClient {
     /// of `dst`: bytes copied or an error per fragment. Mismatched shapes, fragments
     /// past the buffer (its registered or allocated size) or past the object are
     /// `INVALID_PARAMS`; a missing key fails its fragments with `OBJECT_NOT_FOUND`.
-    pub fn get_into_ranges(
+    ///
+    /// # Safety
+    /// Every range named that lies in this client's shared memory or in one of its
+    /// registered buffers must be valid for writes for the whole call, with no Rust
+    /// reference to it alive: it is written behind Rust's back (by this client, or by
+    /// the real client from another process). Ranges elsewhere are refused
+    /// (`INVALID_PARAMS`), never written.
+    pub unsafe fn get_into_ranges(
         &self,
         ptrs: &[u64],
         keys: &[Vec<String>],

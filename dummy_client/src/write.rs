@@ -159,19 +159,35 @@ impl DummyClient {
     /// Stores `size` bytes at `ptr` under `key`: zero-copy from shared memory, copied
     /// once by the real client (or else through staging) from a registered ordinary
     /// buffer, `INVALID_PARAMS` otherwise.
-    pub fn put_from(
+    ///
+    /// # Safety
+    /// Every range named that lies in this client's shared memory or in one of its
+    /// registered buffers must be readable for the whole call and written by nobody
+    /// meanwhile: it is read behind Rust's back (by this client, or by the real client
+    /// from another process). Ranges elsewhere are refused (`INVALID_PARAMS`), never
+    /// read.
+    pub unsafe fn put_from(
         &self,
         key: &str,
         ptr: u64,
         size: u64,
         config: &ReplicateConfig,
     ) -> CodeResult<()> {
-        first(self.batch_put_from(&[key], &[ptr], &[size], config))
+        // SAFETY: the caller keeps the promise of this function's safety section,
+        // which is the same.
+        first(unsafe { self.batch_put_from(&[key], &[ptr], &[size], config) })
     }
 
     /// [`put_from`](Self::put_from) for many keys in one request. Mismatched input
     /// lengths give `INVALID_PARAMS` for every key.
-    pub fn batch_put_from<K: AsRef<str>>(
+    ///
+    /// # Safety
+    /// Every range named that lies in this client's shared memory or in one of its
+    /// registered buffers must be readable for the whole call and written by nobody
+    /// meanwhile: it is read behind Rust's back (by this client, or by the real client
+    /// from another process). Ranges elsewhere are refused (`INVALID_PARAMS`), never
+    /// read.
+    pub unsafe fn batch_put_from<K: AsRef<str>>(
         &self,
         keys: &[K],
         ptrs: &[u64],
@@ -185,18 +201,34 @@ impl DummyClient {
     }
 
     /// [`put_from`](Self::put_from) that replaces an existing object.
-    pub fn upsert_from(
+    ///
+    /// # Safety
+    /// Every range named that lies in this client's shared memory or in one of its
+    /// registered buffers must be readable for the whole call and written by nobody
+    /// meanwhile: it is read behind Rust's back (by this client, or by the real client
+    /// from another process). Ranges elsewhere are refused (`INVALID_PARAMS`), never
+    /// read.
+    pub unsafe fn upsert_from(
         &self,
         key: &str,
         ptr: u64,
         size: u64,
         config: &ReplicateConfig,
     ) -> CodeResult<()> {
-        first(self.batch_upsert_from(&[key], &[ptr], &[size], config))
+        // SAFETY: the caller keeps the promise of this function's safety section,
+        // which is the same.
+        first(unsafe { self.batch_upsert_from(&[key], &[ptr], &[size], config) })
     }
 
     /// [`upsert_from`](Self::upsert_from) for many keys in one request.
-    pub fn batch_upsert_from<K: AsRef<str>>(
+    ///
+    /// # Safety
+    /// Every range named that lies in this client's shared memory or in one of its
+    /// registered buffers must be readable for the whole call and written by nobody
+    /// meanwhile: it is read behind Rust's back (by this client, or by the real client
+    /// from another process). Ranges elsewhere are refused (`INVALID_PARAMS`), never
+    /// read.
+    pub unsafe fn batch_upsert_from<K: AsRef<str>>(
         &self,
         keys: &[K],
         ptrs: &[u64],
@@ -211,7 +243,14 @@ impl DummyClient {
 
     /// Stores `meta_size` bytes at `meta_ptr` followed by `size` bytes at `ptr` as one
     /// object (metadata first).
-    pub fn put_from_with_metadata(
+    ///
+    /// # Safety
+    /// Every range named that lies in this client's shared memory or in one of its
+    /// registered buffers must be readable for the whole call and written by nobody
+    /// meanwhile: it is read behind Rust's back (by this client, or by the real client
+    /// from another process). Ranges elsewhere are refused (`INVALID_PARAMS`), never
+    /// read.
+    pub unsafe fn put_from_with_metadata(
         &self,
         key: &str,
         ptr: u64,
@@ -235,7 +274,14 @@ impl DummyClient {
 
     /// Stores, for each key, the concatenation of its buffers. Mismatched lengths give
     /// `INVALID_PARAMS` for every key.
-    pub fn batch_put_from_multi_buffers<K: AsRef<str>>(
+    ///
+    /// # Safety
+    /// Every range named that lies in this client's shared memory or in one of its
+    /// registered buffers must be readable for the whole call and written by nobody
+    /// meanwhile: it is read behind Rust's back (by this client, or by the real client
+    /// from another process). Ranges elsewhere are refused (`INVALID_PARAMS`), never
+    /// read.
+    pub unsafe fn batch_put_from_multi_buffers<K: AsRef<str>>(
         &self,
         keys: &[K],
         ptrs: &[Vec<u64>],
@@ -250,7 +296,14 @@ impl DummyClient {
 
     /// [`batch_put_from_multi_buffers`](Self::batch_put_from_multi_buffers) that
     /// replaces existing objects.
-    pub fn batch_upsert_from_multi_buffers<K: AsRef<str>>(
+    ///
+    /// # Safety
+    /// Every range named that lies in this client's shared memory or in one of its
+    /// registered buffers must be readable for the whole call and written by nobody
+    /// meanwhile: it is read behind Rust's back (by this client, or by the real client
+    /// from another process). Ranges elsewhere are refused (`INVALID_PARAMS`), never
+    /// read.
+    pub unsafe fn batch_upsert_from_multi_buffers<K: AsRef<str>>(
         &self,
         keys: &[K],
         ptrs: &[Vec<u64>],

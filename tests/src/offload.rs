@@ -127,7 +127,10 @@ pub fn assert_reads_through(readers: &[(&DummyClient, &str)], key: &str, i: usiz
 /// engine reads (zero-copy).
 pub fn assert_reads_into_pool(client: &DummyClient, key: &str, i: usize) {
     let dest = client.alloc_from_mem_pool(1 << 20);
-    assert_eq!(client.get_into(key, dest, 1 << 20), Ok(1 << 20));
+    // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+    // alive for the call and touched by nothing else meanwhile (or deliberately
+    // outside them, which the client refuses without touching).
+    assert_eq!(unsafe { client.get_into(key, dest, 1 << 20) }, Ok(1 << 20));
     // SAFETY: `dest` is a live pool block of 1 MiB owned by this caller.
     let got = unsafe { std::slice::from_raw_parts(dest as *const u8, 1 << 20) };
     assert!(got == value(i, 1 << 20).as_slice(), "{key} into the pool");

@@ -73,7 +73,10 @@ fn objects_put_on_one_node_are_read_byte_exact_on_the_others() {
         // Zero-copy path: B reads from C straight into its pool.
         let dest = dummies[1].alloc_from_mem_pool(size as u64);
         assert_eq!(
-            dummies[1].get_into(&key, dest, size as u64),
+            // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+            // alive for the call and touched by nothing else meanwhile (or deliberately
+            // outside them, which the client refuses without touching).
+            unsafe { dummies[1].get_into(&key, dest, size as u64) },
             Ok(size as u64)
         );
         // SAFETY: `dest` is a live pool block of `size` bytes owned by this test.
@@ -81,8 +84,10 @@ fn objects_put_on_one_node_are_read_byte_exact_on_the_others() {
         assert!(got == value.as_slice());
         // And B writes zero-copy from its pool to A's segment.
         let copy = format!("copy-{size}");
-        dummies[1]
-            .put_from(&copy, dest, size as u64, &on(&nodes[0].segment_name()))
+        // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+        // alive for the call and touched by nothing else meanwhile (or deliberately
+        // outside them, which the client refuses without touching).
+        unsafe { dummies[1].put_from(&copy, dest, size as u64, &on(&nodes[0].segment_name())) }
             .expect("put_from to A");
         assert!(dummies[2].get(&copy).expect("get") == value);
         dummies[1].free_to_mem_pool(dest).expect("free");
@@ -114,14 +119,21 @@ fn batches_read_from_another_node_are_byte_exact_and_fail_per_key() {
     let sizes = vec![size as u64; count];
     // Every object lives in node B's segment; a reader attached to node A pulls the
     // batch from B over TCP, pipelined, with one missing key among them.
-    let puts = writer.batch_put_from(&keys, &ptrs, &sizes, &on(&nodes[1].segment_name()));
+    // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+    // alive for the call and touched by nothing else meanwhile (or deliberately
+    // outside them, which the client refuses without touching).
+    let puts =
+        unsafe { writer.batch_put_from(&keys, &ptrs, &sizes, &on(&nodes[1].segment_name())) };
     assert!(puts.iter().all(Result::is_ok), "{puts:?}");
     let reader_on_a = dummy(&nodes[0]);
     let mut asked = keys.clone();
     asked[7] = "missing".to_string();
     let dest = reader_on_a.alloc_from_mem_pool((count * size) as u64);
     let dests: Vec<u64> = (0..count).map(|i| dest + (i * size) as u64).collect();
-    let got = reader_on_a.batch_get_into(&asked, &dests, &sizes);
+    // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+    // alive for the call and touched by nothing else meanwhile (or deliberately
+    // outside them, which the client refuses without touching).
+    let got = unsafe { reader_on_a.batch_get_into(&asked, &dests, &sizes) };
     for (i, outcome) in got.iter().enumerate() {
         if i == 7 {
             assert_eq!(*outcome, Err(ErrorCode::OBJECT_NOT_FOUND));

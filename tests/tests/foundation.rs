@@ -65,14 +65,21 @@ fn put_from_and_get_into_round_trip_through_the_pool() {
         let source = dummy.alloc_from_mem_pool(size as u64);
         assert_ne!(source, 0, "pool allocation of {size}");
         fill(source, size, index.to_le_bytes()[0] + 1);
-        dummy
-            .put_from(&key, source, size as u64, &config())
-            .expect("put_from");
+        // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+        // alive for the call and touched by nothing else meanwhile (or deliberately
+        // outside them, which the client refuses without touching).
+        unsafe { dummy.put_from(&key, source, size as u64, &config()) }.expect("put_from");
 
         let dest = dummy.alloc_from_mem_pool(size as u64);
         assert_ne!(dest, 0);
         fill(dest, size, 0);
-        assert_eq!(dummy.get_into(&key, dest, size as u64), Ok(size as u64));
+        assert_eq!(
+            // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+            // alive for the call and touched by nothing else meanwhile (or deliberately
+            // outside them, which the client refuses without touching).
+            unsafe { dummy.get_into(&key, dest, size as u64) },
+            Ok(size as u64)
+        );
         assert!(
             read(source, size) == read(dest, size),
             "{size}-byte value differs"
@@ -87,20 +94,80 @@ fn put_from_and_get_into_round_trip_through_the_pool() {
 }
 
 #[test]
+fn the_safe_slice_forms_move_pool_slices_and_refuse_other_memory() {
+    let real = RealClientProcess::start("64MB", &[]);
+    let dummy = setup(&real, 8 << 20);
+    let len = 64usize << 10;
+    let (a, b) = (
+        dummy.alloc_from_mem_pool(len as u64),
+        dummy.alloc_from_mem_pool(len as u64),
+    );
+    assert!(a != 0 && b != 0, "pool blocks");
+    // SAFETY: two distinct live pool blocks of `len` bytes that only this test uses.
+    let (source, dest) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(a as *mut u8, len),
+            std::slice::from_raw_parts_mut(b as *mut u8, len),
+        )
+    };
+    source
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, x)| *x = i.to_le_bytes()[0]);
+    dummy
+        .put_from_slice("slice", source, &config())
+        .expect("put_from_slice");
+    assert_eq!(dummy.get_into_slice("slice", dest), Ok(len as u64));
+    assert!(dest == source, "the slice read back differs");
+
+    let mut batch = [&mut dest[..len / 2], &mut source[..len / 2]];
+    assert_eq!(
+        dummy.batch_get_into_slices(&["slice", "missing"], &mut batch),
+        vec![
+            Err(ErrorCode::INVALID_PARAMS),
+            Err(ErrorCode::OBJECT_NOT_FOUND)
+        ],
+        "half a block is too small for the object; a missing key is named"
+    );
+    // Heap memory neither in the pool nor registered is refused, never touched.
+    let mut heap = vec![7u8; len];
+    assert_eq!(
+        dummy.get_into_slice("slice", &mut heap),
+        Err(ErrorCode::INVALID_PARAMS)
+    );
+    assert!(heap.iter().all(|&x| x == 7));
+    assert_eq!(
+        dummy.batch_put_from_slices(&["heap"], &[&heap], &config()),
+        vec![Err(ErrorCode::INVALID_PARAMS)]
+    );
+    dummy.free_to_mem_pool(a).expect("free");
+    dummy.free_to_mem_pool(b).expect("free");
+}
+
+#[test]
 fn batch_get_into_reports_per_key_results() {
     let real = RealClientProcess::start("64MB", &[]);
     let dummy = setup(&real, 8 << 20);
     let src = dummy.alloc_from_mem_pool(8192);
     fill(src, 8192, 7);
-    let stored = dummy.batch_put_from(&["a", "b"], &[src, src + 4096], &[4096, 4096], &config());
+    // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+    // alive for the call and touched by nothing else meanwhile (or deliberately
+    // outside them, which the client refuses without touching).
+    let stored =
+        unsafe { dummy.batch_put_from(&["a", "b"], &[src, src + 4096], &[4096, 4096], &config()) };
     assert_eq!(stored, vec![Ok(()), Ok(())]);
 
     let dest = dummy.alloc_from_mem_pool(3 * 4096);
-    let results = dummy.batch_get_into(
-        &["a", "missing", "b"],
-        &[dest, dest + 4096, dest + 8192],
-        &[4096, 4096, 100],
-    );
+    // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+    // alive for the call and touched by nothing else meanwhile (or deliberately
+    // outside them, which the client refuses without touching).
+    let results = unsafe {
+        dummy.batch_get_into(
+            &["a", "missing", "b"],
+            &[dest, dest + 4096, dest + 8192],
+            &[4096, 4096, 100],
+        )
+    };
     assert_eq!(
         results,
         vec![
@@ -112,12 +179,22 @@ fn batch_get_into_reports_per_key_results() {
     assert_eq!(ErrorCode::OBJECT_NOT_FOUND.as_i32(), -704);
     assert_eq!(read(dest, 4096), read(src, 4096));
 
-    let mismatch = dummy.batch_get_into(&["a", "b", "c"], &[dest, dest], &[4096, 4096, 4096]);
+    // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+    // alive for the call and touched by nothing else meanwhile (or deliberately
+    // outside them, which the client refuses without touching).
+    let mismatch =
+        unsafe { dummy.batch_get_into(&["a", "b", "c"], &[dest, dest], &[4096, 4096, 4096]) };
     assert_eq!(mismatch, vec![Err(ErrorCode::INVALID_PARAMS); 3]);
-    let mismatch = dummy.batch_put_from(&["x", "y"], &[src, src], &[64], &config());
+    // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+    // alive for the call and touched by nothing else meanwhile (or deliberately
+    // outside them, which the client refuses without touching).
+    let mismatch = unsafe { dummy.batch_put_from(&["x", "y"], &[src, src], &[64], &config()) };
     assert_eq!(mismatch, vec![Err(ErrorCode::INVALID_PARAMS); 2]);
     let empty: Vec<&str> = Vec::new();
-    assert!(dummy.batch_get_into(&empty, &[], &[]).is_empty());
+    // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+    // alive for the call and touched by nothing else meanwhile (or deliberately
+    // outside them, which the client refuses without touching).
+    assert!(unsafe { dummy.batch_get_into(&empty, &[], &[]) }.is_empty());
     assert!(dummy.batch_is_exist(&empty).is_empty());
     assert_eq!(
         dummy.batch_is_exist(&["a", "zzz"]),
@@ -157,35 +234,56 @@ fn bad_ranges_are_rejected_and_the_real_client_keeps_serving() {
     let heap = vec![1u8; 4096];
     let outside = heap.as_ptr() as u64;
     assert_eq!(
-        dummy.put_from("heap", outside, 4096, &config()),
+        // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+        // alive for the call and touched by nothing else meanwhile (or deliberately
+        // outside them, which the client refuses without touching).
+        unsafe { dummy.put_from("heap", outside, 4096, &config()) },
         Err(ErrorCode::INVALID_PARAMS)
     );
     assert_eq!(
-        dummy.get_into("heap", outside, 4096),
+        // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+        // alive for the call and touched by nothing else meanwhile (or deliberately
+        // outside them, which the client refuses without touching).
+        unsafe { dummy.get_into("heap", outside, 4096) },
         Err(ErrorCode::INVALID_PARAMS)
     );
     dummy.put("present", b"value", &config()).expect("put");
     assert_eq!(
-        dummy.get_into("present", outside, 4096),
+        // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+        // alive for the call and touched by nothing else meanwhile (or deliberately
+        // outside them, which the client refuses without touching).
+        unsafe { dummy.get_into("present", outside, 4096) },
         Err(ErrorCode::INVALID_PARAMS)
     );
 
     let block = dummy.alloc_from_mem_pool(1 << 20);
     assert_ne!(block, 0);
     assert_eq!(
-        dummy.put_from("past_end", block + 4096, 1 << 20, &config()),
+        // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+        // alive for the call and touched by nothing else meanwhile (or deliberately
+        // outside them, which the client refuses without touching).
+        unsafe { dummy.put_from("past_end", block + 4096, 1 << 20, &config()) },
         Err(ErrorCode::INVALID_PARAMS)
     );
     assert_eq!(
-        dummy.put_from("null", 0, 16, &config()),
+        // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+        // alive for the call and touched by nothing else meanwhile (or deliberately
+        // outside them, which the client refuses without touching).
+        unsafe { dummy.put_from("null", 0, 16, &config()) },
         Err(ErrorCode::INVALID_PARAMS)
     );
     assert_eq!(
-        dummy.put_from("wrap", u64::MAX - 8, 16, &config()),
+        // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+        // alive for the call and touched by nothing else meanwhile (or deliberately
+        // outside them, which the client refuses without touching).
+        unsafe { dummy.put_from("wrap", u64::MAX - 8, 16, &config()) },
         Err(ErrorCode::INVALID_PARAMS)
     );
     assert_eq!(
-        dummy.get_into("present", block + (1 << 20) - 2, 5),
+        // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+        // alive for the call and touched by nothing else meanwhile (or deliberately
+        // outside them, which the client refuses without touching).
+        unsafe { dummy.get_into("present", block + (1 << 20) - 2, 5) },
         Err(ErrorCode::INVALID_PARAMS)
     );
     assert_eq!(
@@ -239,9 +337,10 @@ fn dummy_survives_a_real_client_restart() {
     let dummy = setup(&real, 4 << 20);
     let block = dummy.alloc_from_mem_pool(4096);
     fill(block, 4096, 3);
-    dummy
-        .put_from("before", block, 4096, &config())
-        .expect("put_from");
+    // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+    // alive for the call and touched by nothing else meanwhile (or deliberately
+    // outside them, which the client refuses without touching).
+    unsafe { dummy.put_from("before", block, 4096, &config()) }.expect("put_from");
     let first_instance = dummy.instance_id();
 
     real.kill9();
@@ -249,7 +348,10 @@ fn dummy_survives_a_real_client_restart() {
         let started = Instant::now();
         assert_eq!(dummy.is_exist("before"), Err(ErrorCode::RPC_FAIL));
         assert_eq!(
-            dummy.put_from("during", block, 4096, &config()),
+            // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+            // alive for the call and touched by nothing else meanwhile (or deliberately
+            // outside them, which the client refuses without touching).
+            unsafe { dummy.put_from("during", block, 4096, &config()) },
             Err(ErrorCode::RPC_FAIL)
         );
         assert!(
@@ -274,11 +376,15 @@ fn dummy_survives_a_real_client_restart() {
         Ok(false),
         "memory objects died with the old instance"
     );
-    dummy
-        .put_from("after", block, 4096, &config())
-        .expect("pool registered again");
+    // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+    // alive for the call and touched by nothing else meanwhile (or deliberately
+    // outside them, which the client refuses without touching).
+    unsafe { dummy.put_from("after", block, 4096, &config()) }.expect("pool registered again");
     let dest = dummy.alloc_from_mem_pool(4096);
-    assert_eq!(dummy.get_into("after", dest, 4096), Ok(4096));
+    // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+    // alive for the call and touched by nothing else meanwhile (or deliberately
+    // outside them, which the client refuses without touching).
+    assert_eq!(unsafe { dummy.get_into("after", dest, 4096) }, Ok(4096));
     assert_eq!(read(dest, 4096), read(block, 4096));
     assert_eq!(dummy.health_check(), Health::Ok);
 }
@@ -292,8 +398,10 @@ fn pool_grows_with_a_registered_segment() {
     let big = dummy.alloc_from_mem_pool(96 << 20);
     assert_ne!(big, 0, "pool must grow");
     fill(big, 96 << 20, 9);
-    dummy
-        .put_from("grown", big, 96 << 20, &config())
+    // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+    // alive for the call and touched by nothing else meanwhile (or deliberately
+    // outside them, which the client refuses without touching).
+    unsafe { dummy.put_from("grown", big, 96 << 20, &config()) }
         .expect("new segment is registered");
     let status = dummy.status().expect("status");
     assert_eq!(

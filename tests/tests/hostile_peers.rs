@@ -96,8 +96,10 @@ fn a_request_with_a_huge_deadline_neither_kills_the_session_task_nor_leaks_its_m
         status.dummies
     );
     let block = dummy.alloc_from_mem_pool(4096);
-    dummy
-        .put_from("after_hostile", block, 4096, &ReplicateConfig::default())
+    // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+    // alive for the call and touched by nothing else meanwhile (or deliberately
+    // outside them, which the client refuses without touching).
+    unsafe { dummy.put_from("after_hostile", block, 4096, &ReplicateConfig::default()) }
         .expect("the real client keeps serving");
 }
 
@@ -388,8 +390,10 @@ fn dummies_and_their_shared_memory_are_capped_per_process() {
     );
     let modest = DummyClient::setup_dummy(1 << 20, 1 << 20, Some(&address)).expect("fits");
     let block = modest.alloc_from_mem_pool(4096);
-    modest
-        .put_from("capped", block, 4096, &ReplicateConfig::default())
+    // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+    // alive for the call and touched by nothing else meanwhile (or deliberately
+    // outside them, which the client refuses without touching).
+    unsafe { modest.put_from("capped", block, 4096, &ReplicateConfig::default()) }
         .expect("the admitted dummy works");
     let value = first.get("capped").expect("and the first sees it");
     assert_eq!(value.len(), 4096);

@@ -173,10 +173,13 @@ fn get_in_place(client: &DummyClient, key: &str, size: u64) -> Option<Py<PyBytes
         let bytes = object.cast_into::<PyBytes>().ok()?.unbind();
         Some((bytes, buffer))
     })?;
-    if buffer == 0 || client.register_buffer(buffer, size).is_err() {
+    // SAFETY: `buffer` is the storage of the new bytes object, which `bytes` keeps
+    // alive until after the buffer is unregistered below.
+    if buffer == 0 || unsafe { client.register_buffer(buffer, size) }.is_err() {
         return None;
     }
-    let read = client.get_into(key, buffer, size);
+    // SAFETY: nobody else sees the bytes object before it is returned, filled.
+    let read = unsafe { client.get_into(key, buffer, size) };
     let _ = client.unregister_buffer(buffer);
     match read {
         Ok(got) if got == size => Some(bytes),
@@ -466,7 +469,10 @@ impl PyStore {
     ) -> i64 {
         let config = config_of(config);
         self.with(py, not_ready(), move |c| {
-            unit(c.put_from(&key, buffer_ptr, size, &config))
+            // SAFETY: upstream's API takes integer pointers: the application promises that
+            // they name memory valid for the call (a registered buffer stays valid until it
+            // is unregistered), used by nobody else meanwhile, as with upstream's wheel.
+            unit(unsafe { c.put_from(&key, buffer_ptr, size, &config) })
         })
     }
 
@@ -482,7 +488,10 @@ impl PyStore {
         let config = config_of(config);
         let n = keys.len();
         self.with(py, not_ready_list(n), move |c| {
-            c.batch_put_from(&keys, &buffer_ptrs, &sizes, &config)
+            // SAFETY: upstream's API takes integer pointers: the application promises that
+            // they name memory valid for the call (a registered buffer stays valid until it
+            // is unregistered), used by nobody else meanwhile, as with upstream's wheel.
+            unsafe { c.batch_put_from(&keys, &buffer_ptrs, &sizes, &config) }
                 .into_iter()
                 .map(unit)
                 .collect()
@@ -500,7 +509,10 @@ impl PyStore {
     ) -> i64 {
         let config = config_of(config);
         self.with(py, not_ready(), move |c| {
-            unit(c.upsert_from(&key, buffer_ptr, size, &config))
+            // SAFETY: upstream's API takes integer pointers: the application promises that
+            // they name memory valid for the call (a registered buffer stays valid until it
+            // is unregistered), used by nobody else meanwhile, as with upstream's wheel.
+            unit(unsafe { c.upsert_from(&key, buffer_ptr, size, &config) })
         })
     }
 
@@ -516,7 +528,10 @@ impl PyStore {
         let config = config_of(config);
         let n = keys.len();
         self.with(py, not_ready_list(n), move |c| {
-            c.batch_upsert_from(&keys, &buffer_ptrs, &sizes, &config)
+            // SAFETY: upstream's API takes integer pointers: the application promises that
+            // they name memory valid for the call (a registered buffer stays valid until it
+            // is unregistered), used by nobody else meanwhile, as with upstream's wheel.
+            unsafe { c.batch_upsert_from(&keys, &buffer_ptrs, &sizes, &config) }
                 .into_iter()
                 .map(unit)
                 .collect()
@@ -537,14 +552,19 @@ impl PyStore {
     ) -> i64 {
         let config = config_of(config);
         self.with(py, not_ready(), move |c| {
-            unit(c.put_from_with_metadata(
-                &key,
-                buffer_ptr,
-                metadata_buffer_ptr,
-                size,
-                metadata_size,
-                &config,
-            ))
+            // SAFETY: upstream's API takes integer pointers: the application promises that
+            // they name memory valid for the call (a registered buffer stays valid until it
+            // is unregistered), used by nobody else meanwhile, as with upstream's wheel.
+            unit(unsafe {
+                c.put_from_with_metadata(
+                    &key,
+                    buffer_ptr,
+                    metadata_buffer_ptr,
+                    size,
+                    metadata_size,
+                    &config,
+                )
+            })
         })
     }
 
@@ -560,7 +580,10 @@ impl PyStore {
         let config = config_of(config);
         let n = keys.len();
         self.with(py, not_ready_list(n), move |c| {
-            c.batch_put_from_multi_buffers(&keys, &all_buffer_ptrs, &all_sizes, &config)
+            // SAFETY: upstream's API takes integer pointers: the application promises that
+            // they name memory valid for the call (a registered buffer stays valid until it
+            // is unregistered), used by nobody else meanwhile, as with upstream's wheel.
+            unsafe { c.batch_put_from_multi_buffers(&keys, &all_buffer_ptrs, &all_sizes, &config) }
                 .into_iter()
                 .map(unit)
                 .collect()
@@ -579,10 +602,15 @@ impl PyStore {
         let config = config_of(config);
         let n = keys.len();
         self.with(py, not_ready_list(n), move |c| {
-            c.batch_upsert_from_multi_buffers(&keys, &all_buffer_ptrs, &all_sizes, &config)
-                .into_iter()
-                .map(unit)
-                .collect()
+            // SAFETY: upstream's API takes integer pointers: the application promises that
+            // they name memory valid for the call (a registered buffer stays valid until it
+            // is unregistered), used by nobody else meanwhile, as with upstream's wheel.
+            unsafe {
+                c.batch_upsert_from_multi_buffers(&keys, &all_buffer_ptrs, &all_sizes, &config)
+            }
+            .into_iter()
+            .map(unit)
+            .collect()
         })
     }
 
@@ -633,7 +661,10 @@ impl PyStore {
 
     fn get_into(&self, py: Python<'_>, key: String, buffer_ptr: u64, size: u64) -> i64 {
         self.with(py, not_ready(), move |c| {
-            value(c.get_into(&key, buffer_ptr, size))
+            // SAFETY: upstream's API takes integer pointers: the application promises that
+            // they name memory valid for the call (a registered buffer stays valid until it
+            // is unregistered), used by nobody else meanwhile, as with upstream's wheel.
+            value(unsafe { c.get_into(&key, buffer_ptr, size) })
         })
     }
 
@@ -646,7 +677,10 @@ impl PyStore {
     ) -> Vec<i64> {
         let n = keys.len();
         self.with(py, not_ready_list(n), move |c| {
-            c.batch_get_into(&keys, &buffer_ptrs, &sizes)
+            // SAFETY: upstream's API takes integer pointers: the application promises that
+            // they name memory valid for the call (a registered buffer stays valid until it
+            // is unregistered), used by nobody else meanwhile, as with upstream's wheel.
+            unsafe { c.batch_get_into(&keys, &buffer_ptrs, &sizes) }
                 .into_iter()
                 .map(value)
                 .collect()
@@ -664,12 +698,17 @@ impl PyStore {
     ) -> Vec<i64> {
         let n = keys.len();
         self.with(py, not_ready_list(n), move |c| {
-            c.batch_get_into_multi_buffers(
-                &keys,
-                &all_buffer_ptrs,
-                &all_sizes,
-                prefer_alloc_in_same_node,
-            )
+            // SAFETY: upstream's API takes integer pointers: the application promises that
+            // they name memory valid for the call (a registered buffer stays valid until it
+            // is unregistered), used by nobody else meanwhile, as with upstream's wheel.
+            unsafe {
+                c.batch_get_into_multi_buffers(
+                    &keys,
+                    &all_buffer_ptrs,
+                    &all_sizes,
+                    prefer_alloc_in_same_node,
+                )
+            }
             .into_iter()
             .map(value)
             .collect()
@@ -702,7 +741,10 @@ impl PyStore {
             })
             .collect();
         self.with(py, fallback, move |c| {
-            c.get_into_ranges(&buffer_ptrs, &keys, &dst_offsets, &src_offsets, &sizes)
+            // SAFETY: upstream's API takes integer pointers: the application promises that
+            // they name memory valid for the call (a registered buffer stays valid until it
+            // is unregistered), used by nobody else meanwhile, as with upstream's wheel.
+            unsafe { c.get_into_ranges(&buffer_ptrs, &keys, &dst_offsets, &src_offsets, &sizes) }
                 .into_iter()
                 .map(|per_key| {
                     per_key
@@ -871,7 +913,10 @@ impl PyStore {
 
     fn register_buffer(&self, py: Python<'_>, buffer_ptr: u64, size: u64) -> i64 {
         self.with(py, not_ready(), move |c| {
-            unit(c.register_buffer(buffer_ptr, size))
+            // SAFETY: upstream's API takes integer pointers: the application promises that
+            // they name memory valid for the call (a registered buffer stays valid until it
+            // is unregistered), used by nobody else meanwhile, as with upstream's wheel.
+            unit(unsafe { c.register_buffer(buffer_ptr, size) })
         })
     }
 

@@ -18,12 +18,17 @@ fn main() {
         }
     };
     let ptr = client.alloc_from_mem_pool(4096);
-    let stored = client.put_from(
-        "dummy_holder_object",
-        ptr,
-        4096,
-        &ReplicateConfig::default(),
-    );
+    // SAFETY: the ranges are this client's pool memory or buffers registered with it,
+    // alive for the call and touched by nothing else meanwhile (or deliberately
+    // outside them, which the client refuses without touching).
+    let stored = unsafe {
+        client.put_from(
+            "dummy_holder_object",
+            ptr,
+            4096,
+            &ReplicateConfig::default(),
+        )
+    };
     if ptr == 0 || stored.is_err() {
         eprintln!("dummy_holder: cannot use the pool: {stored:?}");
         std::process::exit(2);
