@@ -16,12 +16,11 @@ use mooncake_core::keep_awake::{self, KEEP_AWAKE_FLAGS};
 use mooncake_core::logging::{LOG_FLAGS, LogError, LogSettings};
 use mooncake_core::protocol::auth::{AUTH_FLAGS, ClusterSecret, SecretError};
 
-use mooncake_core::master_api::Master;
-
 use super::ha::HaSettings;
 use super::ha::etcd::Etcd;
 use super::ha::node::HaNode;
 use super::ha::supervisor::{Supervision, supervise};
+use super::running::{BindError, RunningMaster};
 use super::server::{self, MasterHandler};
 use super::{AllocationStrategy, Clock, MasterConfig, MasterService};
 
@@ -515,8 +514,6 @@ pub struct MasterDaemonConfig {
     pub master: MasterConfig,
     /// Where upstream's HTTP metadata server (`/metadata`) listens (`None`: off).
     pub http_metadata_address: Option<SocketAddr>,
-    /// The log filter (`log.filter`), for callers that only install a stderr logger.
-    pub log_level: String,
     /// Logging: the filter plus upstream's glog flags (log file, stderr threshold).
     pub log: LogSettings,
     /// Upstream flags accepted without effect, for the startup log.
@@ -614,7 +611,6 @@ impl MasterDaemonConfig {
             cluster_id,
             master,
             http_metadata_address,
-            log_level: log.filter.clone(),
             log,
             compat_notes: flags.compat_notes(),
             cluster_secret: ClusterSecret::from_flags(flags)?.map(Arc::new),
@@ -740,15 +736,8 @@ fn threads(flags: &ParsedFlags) -> Result<usize, DaemonConfigError> {
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     /// The RPC port could not be bound.
-    #[error(
-        "cannot listen on {address}: {source}; is another mooncake_master running? choose another --rpc_port"
-    )]
-    Bind {
-        /// The address.
-        address: SocketAddr,
-        /// The OS error.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] BindError),
     /// etcd could not be reached at startup.
     #[error("--enable_ha: {0}; is etcd running at --etcd_endpoints?")]
     Etcd(#[from] crate::ha::etcd::EtcdError),
@@ -765,88 +754,6 @@ pub enum DaemonError {
         /// The OS error.
         source: std::io::Error,
     },
-}
-
-/// A master at work: its one maintenance task (eviction, lease and client expiry, task
-/// timeouts) and, when served, its RPC server. Whatever serves a master, it is
-/// maintained by exactly one task: this one.
-#[derive(Debug)]
-pub struct RunningMaster {
-    /// The master.
-    pub master: Arc<MasterService>,
-    /// Where the RPC server listens (the real port when 0 was asked); `None` when the
-    /// master is not served (an embedded master nobody else reaches).
-    pub rpc_address: Option<SocketAddr>,
-    stop: watch::Sender<bool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl RunningMaster {
-    /// Binds the RPC port and starts serving `master` (with maintenance) on the current
-    /// runtime; with `secret`, every connection must prove cluster membership.
-    pub async fn start(
-        master: Arc<MasterService>,
-        rpc_address: SocketAddr,
-        secret: Option<Arc<ClusterSecret>>,
-    ) -> Result<Self, DaemonError> {
-        let listener =
-            TcpListener::bind(rpc_address)
-                .await
-                .map_err(|source| DaemonError::Bind {
-                    address: rpc_address,
-                    source,
-                })?;
-        Self::serve(master, listener, secret)
-    }
-
-    /// Starts serving `master` (with maintenance) on a bound `listener`.
-    pub fn serve(
-        master: Arc<MasterService>,
-        listener: TcpListener,
-        secret: Option<Arc<ClusterSecret>>,
-    ) -> Result<Self, DaemonError> {
-        let rpc_address = listener.local_addr().map_err(|source| DaemonError::Bind {
-            address: SocketAddr::from(([0, 0, 0, 0], 0)),
-            source,
-        })?;
-        let mut running = Self::unserved(master);
-        let handler = MasterHandler::new(
-            Arc::clone(&running.master) as Arc<dyn Master>,
-            Arc::clone(running.master.rpc_metrics()),
-        );
-        running.tasks.push(tokio::spawn(server::serve(
-            listener,
-            handler,
-            secret,
-            running.stop.subscribe(),
-        )));
-        running.rpc_address = Some(rpc_address);
-        Ok(running)
-    }
-
-    /// Starts `master`'s maintenance only: a master that is not served (embedded, and
-    /// reached by nobody else).
-    pub fn unserved(master: Arc<MasterService>) -> Self {
-        let (stop, _) = watch::channel(false);
-        let tasks = vec![tokio::spawn(server::maintain(
-            Arc::clone(&master),
-            stop.subscribe(),
-        ))];
-        RunningMaster {
-            master,
-            rpc_address: None,
-            stop,
-            tasks,
-        }
-    }
-
-    /// Stops serving and maintaining, and waits for the background tasks.
-    pub async fn stop(self) {
-        self.stop.send_replace(true);
-        for task in self.tasks {
-            let _ = task.await;
-        }
-    }
 }
 
 /// Runs a standalone master until `shutdown` completes.
@@ -937,7 +844,7 @@ async fn run_highly_available(
     ));
     let listener = TcpListener::bind(config.rpc_address)
         .await
-        .map_err(|source| DaemonError::Bind {
+        .map_err(|source| BindError {
             address: config.rpc_address,
             source,
         })?;

@@ -12,7 +12,7 @@ use mooncake_core::master_api::replication::{Change, ReplicaSpace, SegmentImage,
 use mooncake_core::types::SegmentId;
 
 use super::config::AllocationStrategy;
-use crate::ha::journal::Journal;
+use crate::journal::Journal;
 
 /// Where a leader's metadata changes go (empty unless this master leads under high
 /// availability); shared by the segment table, every segment and the object table.

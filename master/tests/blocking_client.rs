@@ -11,7 +11,7 @@ use mooncake_core::protocol::blocking::BlockingClient;
 use mooncake_core::protocol::master_rpc::{
     MASTER_PROTOCOL_VERSION, MasterRpcRequest, MasterRpcResponse,
 };
-use mooncake_master::daemon::RunningMaster;
+use mooncake_master::running::RunningMaster;
 use mooncake_master::{Clock, MasterConfig, MasterService};
 
 type Client = BlockingClient<MasterRpcRequest, MasterRpcResponse>;

@@ -14,7 +14,7 @@ use mooncake_core::protocol::blocking::BlockingClient;
 use mooncake_core::protocol::master_client::{RemoteMaster, as_caller_thread};
 use mooncake_core::protocol::master_rpc::{MasterRpcRequest, MasterRpcResponse};
 use mooncake_core::types::{ReplicateConfig, WriteMode};
-use mooncake_master::daemon::RunningMaster;
+use mooncake_master::running::RunningMaster;
 use mooncake_master::{Clock, MasterConfig, MasterService};
 
 type Observer = BlockingClient<MasterRpcRequest, MasterRpcResponse>;

@@ -19,8 +19,8 @@ use mooncake_core::protocol::auth::ClusterSecret;
 use mooncake_core::protocol::master_client::RemoteMaster;
 use mooncake_core::tenant::Tenant;
 use mooncake_core::types::{ReplicaLocation, ReplicateConfig, SegmentId, SoftPinAction, WriteMode};
-use mooncake_master::daemon::RunningMaster;
-use mooncake_master::ha::journal::Journal;
+use mooncake_master::journal::Journal;
+use mooncake_master::running::RunningMaster;
 use mooncake_master::{Clock, MasterConfig, MasterService};
 
 /// Which implementation a scenario runs against.

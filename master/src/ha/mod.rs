@@ -2,8 +2,9 @@
 //! metadata change to hot standbys, and real clients that follow the leader.
 //!
 //! * [`etcd`]: the leader key (upstream's layout), the lease, the in-sync list.
-//! * [`journal`]: the leader's ordered changes and the wait that makes a write's
-//!   answer follow its replication to every in-sync standby.
+//! * [`crate::journal`] (below the service, which journals each change): the leader's
+//!   ordered changes and the wait that makes a write's answer follow its replication
+//!   to every in-sync standby.
 //! * [`node`]: [`HaNode`](node::HaNode), the master as the RPC server sees it: it
 //!   serves while it leads and its lease holds, refuses otherwise.
 //! * [`standby`]: a standby installing snapshots and applying changes.
@@ -18,7 +19,6 @@ use std::time::Duration;
 
 pub mod etcd;
 pub mod follow;
-pub mod journal;
 pub mod node;
 pub mod standby;
 pub mod supervisor;

@@ -19,8 +19,8 @@ use mooncake_core::master_api::{
 };
 
 use super::etcd::{Etcd, EtcdError};
-use super::journal::Journal;
 use crate::MasterService;
+use crate::journal::Journal;
 
 /// Bytes per snapshot part.
 pub const SNAPSHOT_PART_BYTES: usize = 8 << 20;
@@ -316,7 +316,7 @@ impl HaNode {
                 parts
             };
             let mut snapshots = self.snapshots.lock();
-            if !snapshots.contains_key(&standby) && snapshots.len() >= super::journal::MAX_STANDBYS
+            if !snapshots.contains_key(&standby) && snapshots.len() >= crate::journal::MAX_STANDBYS
             {
                 return Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS);
             }

@@ -13,9 +13,9 @@ use mooncake_core::protocol::auth::ClusterSecret;
 
 use super::HaSettings;
 use super::etcd::{EtcdError, Leadership};
-use super::journal::Journal;
 use super::node::HaNode;
 use super::standby;
+use crate::journal::Journal;
 
 /// Pause before retrying an etcd request that failed.
 const ETCD_RETRY: Duration = Duration::from_millis(300);

@@ -9,7 +9,7 @@ use mooncake_core::master_api::replication::SnapshotState;
 use mooncake_core::master_api::{LOCAL_OWNER, MasterExt};
 use mooncake_core::types::ReplicateConfig;
 
-use super::journal::Journal;
+use crate::journal::Journal;
 use crate::{Clock, MasterConfig, MasterService};
 
 const STANDBY: u128 = 7;

@@ -14,7 +14,7 @@ use mooncake_core::master_api::replication::{
 
 use super::MasterService;
 use super::offload::DiskCopy;
-use crate::ha::journal::Journal;
+use crate::journal::Journal;
 use crate::objects::{ObjectEntry, PendingWrite, StoredReplica, Version};
 
 fn millis(duration: Duration) -> u64 {

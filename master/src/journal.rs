@@ -7,7 +7,7 @@
 //! every write the leader answers waits until each in-sync standby has acknowledged it
 //! (at most the sync timeout; a standby that does not answer in time is dropped from
 //! the in-sync set, and the leader records that in etcd before it answers, see
-//! [`super::node`]). Limits: [`MAX_JOURNAL_ENTRIES`] changes are kept for a lagging
+//! [`crate::ha::node`]). Limits: [`MAX_JOURNAL_ENTRIES`] changes are kept for a lagging
 //! standby (beyond that it starts over from a snapshot), and at most [`MAX_STANDBYS`]
 //! standbys are served.
 
