@@ -131,6 +131,7 @@ impl MasterService {
                 A::DiskEvicted(Ok(()))
             }
             Q::Stats {} => A::Stats(Ok(self.stats())),
+            Q::Ping {} => A::Ping(Ok(())),
         }
     }
 }

@@ -214,6 +214,21 @@ async fn identity_and_lease(kind: Kind) {
     s.stop().await;
 }
 
+async fn a_ping_is_answered_and_changes_nothing(kind: Kind) {
+    let s = Subject::with_segment(kind, MasterConfig::default(), 1 << 20).await;
+    s.put("k", 100).await.expect("put");
+    // Maintenance passes go on meanwhile: everything else stays as it was.
+    let stats = || async {
+        let mut stats = s.master.stats().await.expect("stats");
+        stats.maintenance_rounds = 0;
+        stats
+    };
+    let before = stats().await;
+    assert_eq!(s.master.ping().await, Ok(()));
+    assert_eq!(stats().await, before);
+    s.stop().await;
+}
+
 async fn two_phase_put(kind: Kind) {
     let s = Subject::with_segment(kind, MasterConfig::default(), 1 << 20).await;
     let config = ReplicateConfig::default();
@@ -821,6 +836,7 @@ macro_rules! conformance {
 
 conformance!(
     identity_and_lease,
+    a_ping_is_answered_and_changes_nothing,
     two_phase_put,
     revoke_frees_space,
     upsert_replaces_once_complete,

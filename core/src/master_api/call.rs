@@ -237,6 +237,8 @@ master_calls! {
     DiskEvicted(Write) { client: u128, keys: Vec<String> } -> CodeResult<()>;
     /// Object counts and segment usage.
     Stats(Read) {} -> CodeResult<MasterStats>;
+    /// Whether the master answers now: one round trip, nothing changed.
+    Ping(Read) {} -> CodeResult<()>;
 }
 
 #[cfg(test)]

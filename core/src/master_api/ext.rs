@@ -399,6 +399,12 @@ pub trait MasterExt: Master {
     fn stats(&self) -> impl Future<Output = CodeResult<MasterStats>> + Send + '_ {
         async move { answer!(self.call(MasterRequest::Stats {}).await, Stats, 1) }
     }
+
+    /// Whether the master answers now (a remote one: a round trip on the connection,
+    /// unlike [`Master::hello`], which a live connection answers from memory).
+    fn ping(&self) -> impl Future<Output = CodeResult<()>> + Send + '_ {
+        async move { answer!(self.call(MasterRequest::Ping {}).await, Ping, 1) }
+    }
 }
 
 impl<M: Master + ?Sized> MasterExt for M {}
