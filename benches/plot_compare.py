@@ -10,7 +10,8 @@ again from that JSON alone:
     benches/plot_compare.py --table run.txt --out docs/perf/2026-12-06
     benches/plot_compare.py --json docs/perf/2026-12-06.json --out docs/perf/2026-12-06
 
-writes `<out>.json` (with --table) and `<out>-<mode>.svg` for each mode in the run.
+writes `<out>.json` (with --table), `<out>-<mode>.svg` for each mode in the run and
+`<out>.md`, one Markdown table per mode (what docs/performance.md shows).
 """
 
 import argparse
@@ -121,6 +122,37 @@ def svg_for(mode, rows, memcpy):
     return "\n".join(out) + "\n"
 
 
+def markdown(figures):
+    """One table per mode: every case and size, upstream and ours, and the ratios."""
+    memcpy = figures.get("memcpy_gbps") or {}
+    lines = []
+    if memcpy:
+        lines.append(
+            f"memcpy of 64 MiB in the same run: {memcpy['during_upstream']:.1f} GB/s while "
+            f"upstream ran, {memcpy['during_ours']:.1f} GB/s while ours ran.\n"
+        )
+    order = ["dummy", "emb_local", "emb_remote"]
+    for mode in sorted({r["mode"] for r in figures["rows"]}, key=order.index):
+        lines.append(f"**{mode}**\n")
+        lines.append("| case | size | upstream GB/s | ours GB/s | × | upstream p50 µs | ours p50 µs | p50 × |")
+        lines.append("|---|---|---:|---:|---:|---:|---:|---:|")
+        rows = [r for r in figures["rows"] if r["mode"] == mode]
+        for r in sorted(rows, key=lambda r: (r["case"], r["size_kib"])):
+            size = size_label(r["size_kib"]) if r["size_kib"] else "—"
+            bw = (
+                (f"{r['up_gbps']:.3f}", f"{r['ours_gbps']:.3f}", f"{r['ours_gbps'] / r['up_gbps']:.2f}")
+                if r["up_gbps"] > 0
+                else ("—", "—", "—")
+            )
+            lat = r["ours_p50_us"] / r["up_p50_us"] if r["up_p50_us"] else float("nan")
+            lines.append(
+                f"| `{r['case']}` | {size} | {bw[0]} | {bw[1]} | {bw[2]} | "
+                f"{r['up_p50_us']:.1f} | {r['ours_p50_us']:.1f} | {lat:.2f} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
@@ -135,6 +167,8 @@ def main():
             out.write("\n")
     else:
         figures = json.load(open(args.json))
+    with open(args.out + ".md", "w") as out:
+        out.write(markdown(figures))
     memcpy = (figures.get("memcpy_gbps") or {}).get("during_ours")
     modes = sorted({r["mode"] for r in figures["rows"]}, key=["dummy", "emb_local", "emb_remote"].index)
     for mode in modes:

@@ -29,7 +29,7 @@ mod pool;
 mod query;
 mod read;
 mod slices;
-pub mod spin;
+mod spin;
 mod user_memory;
 mod write;
 
@@ -37,6 +37,7 @@ pub use buffer::BufferHandle;
 pub use client::{CLIENT_ADDRESS_ENV, DummyClient, Health, SetupError};
 pub use mooncake_core::error::{CodeResult, ErrorCode, ToRet};
 pub use mooncake_core::master_api::{TaskInfo, TaskKind, TaskStatus};
+pub use mooncake_core::spin::SpinError;
 pub use mooncake_core::types::{
     ReplicaDescriptor, ReplicaLocation, ReplicateConfig, SoftPinAction,
 };

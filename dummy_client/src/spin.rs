@@ -8,7 +8,7 @@ use std::pin::pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-pub use mooncake_core::spin::{MAX_SPIN, SPIN_ENV, SpinError, parse_spin, spin_from_env};
+pub use mooncake_core::spin::{SpinError, spin_from_env};
 
 /// Runs `call` on the current (single-threaded) runtime, polling it and the runtime's
 /// I/O without sleeping for up to `spin`, then waiting for it normally.

@@ -30,8 +30,8 @@ pub mod cross_memory;
 mod fault_guard;
 pub mod fd_passing;
 mod parallel;
-pub mod pool;
-pub mod registry;
+mod pool;
+mod registry;
 pub mod shared_memory;
 mod sys;
 
