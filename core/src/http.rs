@@ -3,7 +3,9 @@
 //!
 //! One request per connection (`connection: close`). Requests are bounded: 8 KiB of
 //! request line and headers, [`MAX_BODY`] of body (larger: 413), 5 s to arrive; a
-//! chunked body is refused (411), anything malformed gets 400. Nothing a peer sends can
+//! chunked body is refused (411), anything malformed gets 400; at most
+//! [`MAX_CONNECTIONS`] connections are served at once (more are closed at once). A
+//! connection that sends nothing (a bare TCP probe) is closed. Nothing a peer sends can
 //! make it panic or grow without bound.
 
 use std::fmt::Write as _;
@@ -21,6 +23,9 @@ pub const MAX_HEAD: usize = 8 * 1024;
 
 /// Longest request body (a metadata value).
 pub const MAX_BODY: usize = 1 << 20;
+
+/// Connections served at once by one server; further ones are closed unanswered.
+pub const MAX_CONNECTIONS: usize = 64;
 
 /// How long a client may take to send its request.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -115,21 +120,28 @@ pub async fn serve(address: SocketAddr, router: Router) {
 
 /// Serves `router` on a bound listener until the task is dropped or aborted.
 pub async fn serve_listener(listener: TcpListener, router: Router) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            continue; // dropped: closed unanswered
+        };
         let router = Arc::clone(&router);
-        tokio::spawn(answer(stream, router));
+        tokio::spawn(async move {
+            answer(stream, router).await;
+            drop(slot);
+        });
     }
 }
 
 async fn answer(mut stream: TcpStream, router: Router) {
     let response = match tokio::time::timeout(READ_TIMEOUT, read_request(&mut stream)).await {
         Ok(Ok(request)) => router(request).await.unwrap_or_else(Response::not_found),
-        Ok(Err(response)) => response,
-        Err(_) => return,
+        Ok(Err(ReadError::Answer(response))) => response,
+        Ok(Err(ReadError::Nothing)) | Err(_) => return,
     };
     let mut head = format!(
         "HTTP/1.1 {} {}\r\n",
@@ -166,8 +178,22 @@ fn bad(status: u16, text: &str) -> Response {
     Response::new(status, Some("text/plain"), format!("{text}\n"))
 }
 
-/// Reads one request; an error is the response to send instead.
-async fn read_request(stream: &mut TcpStream) -> Result<Request, Response> {
+/// Why no request was read.
+enum ReadError {
+    /// The peer closed without sending a byte.
+    Nothing,
+    /// The response to send instead.
+    Answer(Response),
+}
+
+impl From<Response> for ReadError {
+    fn from(response: Response) -> Self {
+        ReadError::Answer(response)
+    }
+}
+
+/// Reads one request; an error says what to answer instead, if anything.
+async fn read_request(stream: &mut TcpStream) -> Result<Request, ReadError> {
     let mut buf = vec![0u8; MAX_HEAD];
     let mut filled = 0;
     let head_end = loop {
@@ -175,14 +201,17 @@ async fn read_request(stream: &mut TcpStream) -> Result<Request, Response> {
             break end;
         }
         if filled == buf.len() {
-            return Err(bad(400, "request headers too large"));
+            return Err(bad(400, "request headers too large").into());
         }
         let n = stream
             .read(&mut buf[filled..])
             .await
             .map_err(|_| bad(400, "bad request"))?;
+        if n == 0 && filled == 0 {
+            return Err(ReadError::Nothing);
+        }
         if n == 0 {
-            return Err(bad(400, "bad request"));
+            return Err(bad(400, "bad request").into());
         }
         filled += n;
     };

@@ -39,6 +39,16 @@ pub struct RunningMaster {
     pub rpc_address: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Its HTTP servers (aborted when it stops or is dropped).
+    http: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for RunningMaster {
+    fn drop(&mut self) {
+        for task in &self.http {
+            task.abort();
+        }
+    }
 }
 
 impl RunningMaster {
@@ -96,13 +106,40 @@ impl RunningMaster {
             rpc_address: None,
             stop,
             tasks,
+            http: Vec::new(),
         }
     }
 
+    /// Also serves the master's HTTP endpoints on `listener` (`/health`,
+    /// `/get_all_segments`, `/query_key`, `/get_all_keys`, `/metrics`,
+    /// `/metrics/summary`: what `mooncake_master` serves on `--metrics_port`), until it
+    /// stops.
+    pub fn serve_http(&mut self, listener: TcpListener) {
+        let router = crate::admin_http::router(Arc::clone(&self.master), None);
+        self.http
+            .push(tokio::spawn(mooncake_core::http::serve_listener(
+                listener, router,
+            )));
+    }
+
+    /// Also serves upstream's HTTP metadata store (`/metadata`) on `listener`, until it
+    /// stops.
+    pub fn serve_metadata(&mut self, listener: TcpListener) {
+        let store = Arc::new(crate::http_metadata::MetadataStore::default());
+        self.http
+            .push(tokio::spawn(mooncake_core::http::serve_listener(
+                listener,
+                store.router(),
+            )));
+    }
+
     /// Stops serving and maintaining, and waits for the background tasks.
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         self.stop.send_replace(true);
-        for task in self.tasks {
+        for task in self.http.drain(..) {
+            task.abort();
+        }
+        for task in std::mem::take(&mut self.tasks) {
             let _ = task.await;
         }
     }

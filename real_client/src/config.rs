@@ -21,7 +21,7 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
         .env("MOONCAKE_LOCAL_HOSTNAME")
         .compat(Compat::Differs("an IP address or host name; upstream's host:port form is refused (use --transfer_port)")),
     FlagSpec::value("port", Some("50052"), "instance port; dummies find the socket @mooncake_client_<port>.sock")
-        .compat(Compat::Differs("names the Unix socket dummies connect to, not a TCP port")),
+        .compat(Compat::Differs("names the Unix socket dummies connect to; TCP 127.0.0.1:<port> answers readiness probes only (--readiness_port)")),
     FlagSpec::value("socket_path", None, "serve dummies on this socket file (mode 0600) instead of the abstract socket").ours(),
     FlagSpec::value("allowed_uids", None, "comma-separated uids allowed to attach besides our own").ours(),
     FlagSpec::value("master_server_address", Some("embedded"), "master address host:port, or etcd://host:port[,host:port...] to follow the leader of highly available masters; `embedded` runs the master in-process")
@@ -31,6 +31,14 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
         .env("MC_STORE_CLUSTER_ID")
         .ours(),
     FlagSpec::value("embedded_master_port", Some("50051"), "with the embedded master: also serve it on 127.0.0.1:<port> for other local processes (0: do not)").ours(),
+    FlagSpec::value("readiness_port", None, "TCP port on 127.0.0.1 that answers readiness probes (HTTP GET /health, or a bare connect) and nothing else (default: --port; 0: off)")
+        .env("MOONCAKE_CLIENT_READINESS_PORT")
+        .ours(),
+    FlagSpec::value("metrics_port", None, "with the embedded master: serve its HTTP endpoints (/health, /get_all_segments, /query_key, /get_all_keys, /metrics, /metrics/summary) on 127.0.0.1:<port>, as mooncake_master does (default: off)")
+        .ours(),
+    FlagSpec::boolean("enable_http_metadata_server", false, "with the embedded master: serve upstream's HTTP metadata store (/metadata) on 127.0.0.1:--http_metadata_server_port, as mooncake_master does")
+        .ours(),
+    FlagSpec::value("http_metadata_server_port", Some("8080"), "port of the HTTP metadata store (--enable_http_metadata_server)").ours(),
     FlagSpec::value("transfer_port", Some("0"), "TCP port of the transfer engine that peers read from and write to (0: any free port)").ours(),
     FlagSpec::value("transfer_tcp_congestion", Some(crate::transfer::tuning::DEFAULT_CONGESTION), "TCP congestion control of transfer connections (`system`: the machine's default)")
         .env("MOONCAKE_TRANSFER_TCP_CONGESTION")
@@ -166,6 +174,17 @@ pub struct RealClientConfig {
     pub cluster_id: String,
     /// Loopback port on which the embedded master is also served (0: not served).
     pub embedded_master_port: u16,
+    /// Loopback port of the readiness listener (0: none; see [`crate::readiness`]).
+    pub readiness_port: u16,
+    /// Whether `--readiness_port` was given: then a busy port stops startup (the
+    /// default port, when busy, is only warned about).
+    pub readiness_port_asked: bool,
+    /// Loopback port on which the embedded master's HTTP endpoints are served
+    /// (`--metrics_port`; `None`: not served).
+    pub master_http_port: Option<u16>,
+    /// Loopback port of the embedded master's HTTP metadata store
+    /// (`--enable_http_metadata_server`; `None`: not served).
+    pub metadata_http_port: Option<u16>,
     /// Port of the transfer engine (0: any free port).
     pub transfer_port: u16,
     /// TCP congestion control of transfer connections.
@@ -281,6 +300,20 @@ impl RealClientConfig {
         let master_address =
             parse_master_address(&flags.string("master_server_address").unwrap_or_default())?;
         check_pure_client(global_segment_size, master_address.as_deref())?;
+        let master_http_port = embedded_only(
+            flags.number::<u16>("metrics_port")?,
+            "metrics_port",
+            master_address.as_deref(),
+        )?;
+        let metadata_http_port = embedded_only(
+            flags
+                .bool("enable_http_metadata_server")?
+                .then(|| flags.number::<u16>("http_metadata_server_port"))
+                .transpose()?
+                .map(|port| port.unwrap_or(8080)),
+            "enable_http_metadata_server",
+            master_address.as_deref(),
+        )?;
         let transport_reason = check_protocol(&flags.string("protocol").unwrap_or_default())?;
         let offload = offload_settings(
             flags.bool("enable_offload")?,
@@ -329,6 +362,13 @@ impl RealClientConfig {
                 .string("cluster_id")
                 .unwrap_or_else(|| "mooncake_cluster".into()),
             embedded_master_port: flags.number("embedded_master_port")?.unwrap_or(0),
+            readiness_port: match flags.number::<u16>("readiness_port")? {
+                Some(asked) => asked,
+                None => port,
+            },
+            readiness_port_asked: flags.number::<u16>("readiness_port")?.is_some(),
+            master_http_port,
+            metadata_http_port,
             transfer_port: flags.number("transfer_port")?.unwrap_or(0),
             transfer_congestion: transfer_congestion(flags)?,
             http_host: match flags.string("http_host") {
@@ -375,6 +415,10 @@ impl RealClientConfig {
         config.port = checked_port(options.port)?;
         config.socket = None;
         config.embedded_master_port = 0;
+        // An application's in-process client opens no port of its own.
+        config.readiness_port = 0;
+        config.master_http_port = None;
+        config.metadata_http_port = None;
         config.keep_awake = Duration::ZERO;
         config.global_segment_size = options.global_segment_size;
         config.master_address = parse_master_address(&options.master_address)?;
@@ -569,6 +613,25 @@ fn checked_host(host: String) -> Result<String, ConfigError> {
         ));
     }
     Ok(host)
+}
+
+/// `port` for a server of the embedded master (`flag` asked for it); refused with a
+/// remote master, whose own process serves its HTTP endpoints.
+fn embedded_only(
+    port: Option<u16>,
+    flag: &'static str,
+    master: Option<&str>,
+) -> Result<Option<u16>, ConfigError> {
+    match (port, master) {
+        (Some(0), _) => Err(invalid(flag, "the port must be between 1 and 65535")),
+        (Some(_), Some(master)) => Err(invalid(
+            flag,
+            format!(
+                "serves the embedded master's HTTP endpoints, but the master is {master}: give the flag to that mooncake_master instead"
+            ),
+        )),
+        _ => Ok(port),
+    }
 }
 
 /// A pure client (no segment) needs a cluster's master to place its objects.

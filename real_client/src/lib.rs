@@ -35,6 +35,7 @@ mod offload_loop;
 mod protocol_choice;
 mod read_cache;
 mod read_leases;
+mod readiness;
 mod region;
 mod reservations;
 mod rpc;
@@ -114,6 +115,19 @@ pub enum StartError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A port of the embedded master's HTTP endpoints, or the readiness port asked for,
+    /// is taken.
+    #[error(
+        "cannot listen on 127.0.0.1:{port} (--{flag}): {source}; is another process serving there? choose another port"
+    )]
+    HttpPort {
+        /// The flag that named the port.
+        flag: &'static str,
+        /// The port.
+        port: u16,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// The cluster secret could not be created.
     #[error(transparent)]
     Secret(auth::SecretError),
@@ -131,6 +145,8 @@ pub struct RealClient {
     state: Arc<ServerState>,
     shutdown: watch::Sender<bool>,
     listener: Option<std::os::unix::net::UnixListener>,
+    /// The readiness port's listener (see [`readiness`]).
+    readiness: Option<tokio::net::TcpListener>,
     config: RealClientConfig,
     /// The embedded master's TCP server and maintenance (embedded mode only).
     embedded_master: Option<EmbeddedMaster>,
@@ -169,7 +185,8 @@ async fn start_embedded_master(
                 Arc::new(ClusterSecret::random("this process only").map_err(StartError::Secret)?)
             }
         };
-        let running = RunningMaster::unserved(master);
+        let mut running = RunningMaster::unserved(master);
+        serve_master_http(config, &mut running).await?;
         let embedded = EmbeddedMaster {
             running,
             _secret_file: None,
@@ -192,18 +209,39 @@ async fn start_embedded_master(
     // else can reach (port 0, above) has no peers to grant anything to: its reads skip
     // the signing.
     master.sign_transfers(Arc::clone(&secret));
-    let running =
+    let mut running =
         RunningMaster::serve(master, listener, Some(Arc::clone(&secret))).map_err(|error| {
             StartError::EmbeddedMasterPort {
                 port,
                 source: std::io::Error::other(error.to_string()),
             }
         })?;
+    serve_master_http(config, &mut running).await?;
     let embedded = EmbeddedMaster {
         running,
         _secret_file: secret_file,
     };
     Ok((embedded, secret))
+}
+
+/// Serves the embedded master's HTTP endpoints (`--metrics_port`) and upstream's HTTP
+/// metadata store (`--enable_http_metadata_server`) on loopback, when asked.
+async fn serve_master_http(
+    config: &RealClientConfig,
+    running: &mut RunningMaster,
+) -> Result<(), StartError> {
+    let bind = |flag: &'static str, port: u16| async move {
+        tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .map_err(|source| StartError::HttpPort { flag, port, source })
+    };
+    if let Some(port) = config.master_http_port {
+        running.serve_http(bind("metrics_port", port).await?);
+    }
+    if let Some(port) = config.metadata_http_port {
+        running.serve_metadata(bind("http_metadata_server_port", port).await?);
+    }
+    Ok(())
 }
 
 /// The secret of a node whose master is at `address`: `--cluster_secret_file`, else
@@ -398,6 +436,13 @@ impl RealClient {
         // Bind first: a second instance on the same socket must fail before it
         // allocates gigabytes of segment.
         let listener = config.socket.as_ref().map(server::bind).transpose()?;
+        let readiness = readiness::bind(config.readiness_port, config.readiness_port_asked)
+            .await
+            .map_err(|source| StartError::HttpPort {
+                flag: "readiness_port",
+                port: config.readiness_port,
+                source,
+            })?;
         let instance_id = random_id();
         let tenant = Tenant::new(&config.tenant_id).map_err(StartError::Tenant)?;
         let transfer_bind = config.transfer_bind().map_err(StartError::Config)?;
@@ -441,6 +486,7 @@ impl RealClient {
             state,
             shutdown,
             listener,
+            readiness,
             config,
             embedded_master: chosen.embedded,
             _transfer: transfer,
@@ -463,6 +509,8 @@ impl RealClient {
     /// fires, then unmounts and cleans up.
     pub async fn serve(mut self) {
         let listener = self.listener.take();
+        let readiness = self.readiness.take();
+        let readiness_at = readiness.as_ref().and_then(|l| l.local_addr().ok());
         let config = &self.config;
         tracing::info!(
             socket = %config.socket.as_ref().map_or("none (in-process only)".to_string(), ToString::to_string),
@@ -471,6 +519,9 @@ impl RealClient {
             global_segment_size = %format_size(config.global_segment_size),
             master = %config.master_address.as_deref().unwrap_or("embedded"),
             embedded_master_tcp = ?self.embedded_master.as_ref().and_then(|m| m.running.rpc_address),
+            readiness = ?readiness_at,
+            master_http = ?config.master_http_port,
+            http_metadata = ?config.metadata_http_port,
             protocol = "tcp",
             protocol_reason = %config.transport_reason,
             max_dummy_shm_size = %format_size(config.max_dummy_shm_size),
@@ -506,6 +557,12 @@ impl RealClient {
             self.client_id,
             self.shutdown.subscribe(),
         ));
+        let readiness = readiness.map(|listener| {
+            tokio::spawn(mooncake_core::http::serve_listener(
+                listener,
+                readiness::router(),
+            ))
+        });
         let http = config.http_port.map(|port| {
             let address = std::net::SocketAddr::new(config.http_host, port);
             tokio::spawn(status_http::serve(address, Arc::clone(&self.state)))
@@ -524,7 +581,7 @@ impl RealClient {
         if let Some(task) = offload {
             let _ = task.await;
         }
-        if let Some(task) = http {
+        for task in http.into_iter().chain(readiness) {
             task.abort();
         }
         let store = &self.state.store;
