@@ -96,3 +96,26 @@ def test_the_circle_check_leaves_tests_and_reexports_alone(tmp_path):
         [sys.executable, str(CYCLES), str(tmp_path)], capture_output=True, text=True
     )
     assert run.returncode == 0, run.stdout
+
+
+def test_the_performance_page_is_short_and_its_figures_reproduce(tmp_path):
+    page = (ROOT / "docs" / "performance.md").read_text()
+    assert len(page.splitlines()) <= 400
+    plots = re.findall(r"\]\((perf/[^)]+\.svg)\)", page)
+    assert plots, "no plot on the performance page"
+    for plot in plots:
+        assert (ROOT / "docs" / plot).is_file(), plot
+    kept = sorted((ROOT / "docs" / "perf").glob("*.json"))[-1]
+    out = tmp_path / "again"
+    subprocess.run(
+        [sys.executable, str(ROOT / "benches" / "plot_compare.py"), "--json", str(kept), "--out", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    tables = (tmp_path / "again.md").read_text()
+    assert tables.strip() in page, "the page's tables are not what the kept figures give"
+    for plot in plots:
+        if kept.stem in plot:
+            mode = plot.rsplit("-", 1)[1]
+            redrawn = (tmp_path / f"again-{mode}").read_text()
+            assert redrawn == (ROOT / "docs" / plot).read_text(), plot
