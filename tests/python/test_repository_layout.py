@@ -49,10 +49,15 @@ def test_the_architecture_crate_layout_lists_every_workspace_member():
 
 
 def test_no_crate_has_a_module_circle():
-    run = subprocess.run(
-        [sys.executable, str(CYCLES), str(ROOT)], capture_output=True, text=True
-    )
+    run = module_cycles(ROOT)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def module_cycles(workspace):
+    """tools/module_cycles.py run on `workspace`."""
+    return subprocess.run(
+        [sys.executable, str(CYCLES), str(workspace)], capture_output=True, text=True
+    )
 
 
 def make_crate(root, files):
@@ -74,9 +79,7 @@ def test_the_circle_check_catches_a_circle_through_a_child_module(tmp_path):
             "b/inner.rs": "// crate::b in a comment is no edge\nuse crate::a::Other;\npub fn g() {}\n",
         },
     )
-    run = subprocess.run(
-        [sys.executable, str(CYCLES), str(tmp_path)], capture_output=True, text=True
-    )
+    run = module_cycles(tmp_path)
     assert run.returncode == 1, run.stdout
     assert "modules in a circle: a, b, b::inner" in run.stdout, run.stdout
     assert "a -> b\n" in run.stdout, run.stdout
@@ -92,9 +95,7 @@ def test_the_circle_check_leaves_tests_and_reexports_alone(tmp_path):
             "b.rs": "use crate::a::Other;\npub struct Thing;\n",
         },
     )
-    run = subprocess.run(
-        [sys.executable, str(CYCLES), str(tmp_path)], capture_output=True, text=True
-    )
+    run = module_cycles(tmp_path)
     assert run.returncode == 0, run.stdout
 
 
