@@ -189,12 +189,19 @@ pub trait MasterExt: Master {
         budget: LeaseBudget,
     ) -> impl Future<Output = Vec<CodeResult<Option<u64>>>> + Send + '_ {
         async move {
+            if keys.len() <= MAX_MASTER_BATCH {
+                let n = keys.len();
+                let request = MasterRequest::Exist { keys, budget };
+                return answer!(self.call(request).await, Exist, n);
+            }
             let mut left = budget;
             let mut results = Vec::with_capacity(keys.len());
-            for chunk in keys.chunks(MAX_MASTER_BATCH.max(1)) {
+            let mut keys = keys.into_iter().peekable();
+            while keys.peek().is_some() {
+                let chunk: Vec<String> = keys.by_ref().take(MAX_MASTER_BATCH).collect();
                 let n = chunk.len();
                 let request = MasterRequest::Exist {
-                    keys: chunk.to_vec(),
+                    keys: chunk,
                     budget: left,
                 };
                 let found = answer!(self.call(request).await, Exist, n);
