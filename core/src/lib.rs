@@ -12,7 +12,8 @@
 //!   service itself lives in the `mooncake-master` crate);
 //! * [`protocol`]: the dummy ↔ real client handshake, the RPC definitions and
 //!   [`RemoteMaster`](protocol::master_client::RemoteMaster), a master reached over TCP;
-//! * [`ids`]: random identifiers of processes, clients and tasks.
+//! * [`ids`]: random identifiers of processes, clients and tasks;
+//! * [`stand_in`]: stand-in native libraries compiled for tests (GPU drivers, verbs).
 
 pub mod allocator;
 pub mod config_file;
@@ -27,6 +28,7 @@ pub mod op_metrics;
 pub mod process;
 pub mod protocol;
 pub mod spin;
+pub mod stand_in;
 pub mod tenant;
 pub mod types;
 pub mod units;

@@ -5,7 +5,6 @@
 //! on request (see the sources for the rules they enforce).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The C source of the stand-in CUDA driver.
 pub const SOURCE: &str = include_str!("../fake_cuda/fake_cuda.c");
@@ -26,29 +25,5 @@ pub fn build_hip(dir: &Path) -> std::io::Result<PathBuf> {
 }
 
 fn compile(dir: &Path, soname: &str, code: String) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    let library = dir.join(soname);
-    let source = dir.join(format!("{soname}.c"));
-    let unchanged = std::fs::read_to_string(&source).is_ok_and(|s| s == code);
-    if unchanged && library.exists() {
-        return Ok(library);
-    }
-    std::fs::write(&source, &code)?;
-    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let partial = dir.join(format!("{soname}.{}", std::process::id()));
-    let status = Command::new(compiler)
-        // -Bsymbolic: calls inside the library stay inside it, whatever else is loaded.
-        .args(["-O2", "-shared", "-fPIC", "-Wl,-Bsymbolic"])
-        .arg(format!("-Wl,-soname,{soname}"))
-        .arg("-o")
-        .arg(&partial)
-        .arg(&source)
-        .status()?;
-    if !status.success() {
-        return Err(std::io::Error::other(format!(
-            "compiling the stand-in {soname} failed: {status}"
-        )));
-    }
-    std::fs::rename(&partial, &library)?;
-    Ok(library)
+    mooncake_core::stand_in::compile(dir, soname, &code)
 }

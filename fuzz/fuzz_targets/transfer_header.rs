@@ -5,17 +5,14 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mooncake_real_client::transfer::wire::{
-    MAX_DISK_KEY, MAX_TRANSFER, Op, REQUEST_LEN, Request, WireError, read_response,
-};
+use mooncake_real_client::transfer::wire::{REQUEST_LEN, Request, WireError, read_response};
 
 fuzz_target!(|bytes: &[u8]| {
     let mut frame = [0u8; REQUEST_LEN];
     let n = bytes.len().min(REQUEST_LEN);
     frame[..n].copy_from_slice(&bytes[..n]);
     if let Ok(request) = Request::decode(&frame) {
-        assert!(request.len <= MAX_TRANSFER);
-        assert!(request.op != Op::ReadDisk || (1..=MAX_DISK_KEY).contains(&request.len));
+        assert!(Request::len_fits(request.op, request.len));
         // The two bytes after the flags are padding, not read.
         let mut sent = frame;
         sent[6..8].fill(0);

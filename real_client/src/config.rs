@@ -1,7 +1,6 @@
 //! Settings of `mooncake_client`: flags, their environment fallbacks and defaults, and
 //! validation.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +13,8 @@ use mooncake_core::logging::{LOG_FLAGS, LogError, LogSettings};
 use mooncake_core::protocol::address::{DEFAULT_REAL_CLIENT_PORT, SocketAddress};
 use mooncake_core::protocol::auth::{self, AUTH_FLAGS, ClusterSecret};
 use mooncake_master::MasterConfig;
+
+use crate::protocol_choice::Chosen;
 
 /// The real client's own flags.
 pub static CLIENT_FLAGS: &[FlagSpec] = &[
@@ -52,12 +53,11 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
     FlagSpec::value("metadata_server", Some("http://127.0.0.1:8080/metadata"), "transfer-engine metadata server")
         .env("MOONCAKE_TE_META_DATA_SERVER")
         .compat(Compat::NoEffect("segment and endpoint metadata travel through the master, as with P2PHANDSHAKE", Accepts::Any)),
-    FlagSpec::value("protocol", Some("tcp"), "transfer protocol: tcp, or auto (RDMA where available, else TCP)")
+    FlagSpec::value("protocol", Some("tcp"), "transfer protocol: tcp, rdma, or auto (RDMA where a usable device exists, else TCP)")
         .env("MOONCAKE_PROTOCOL")
-        .compat(Compat::Differs("tcp or auto (ours); rdma is refused with what was looked for")),
-    FlagSpec::value("device_names", Some(""), "RDMA devices (rdma protocol only)")
-        .env("MOONCAKE_DEVICE")
-        .compat(Compat::NoEffect("only tcp is available; device names are not used", Accepts::Any)),
+        .compat(Compat::Differs("tcp and rdma as upstream, and auto (ours)")),
+    FlagSpec::value("device_names", Some(""), "RDMA devices to use, comma separated (empty: those on this process's NUMA node, else all)")
+        .env("MOONCAKE_DEVICE"),
     FlagSpec::value("global_segment_size", Some("4 GB"), "memory this node contributes to the pool (e.g. 4GB, 512MB)")
         .env("MOONCAKE_GLOBAL_SEGMENT_SIZE"),
     FlagSpec::value("local_buffer_size", Some("0"), "staging memory of the real client itself")
@@ -130,9 +130,9 @@ pub const CONFIG_PATH_VAR: &str = "MOONCAKE_CONFIG_PATH";
 pub struct RealClientConfig {
     /// Host name other nodes use; the segment is named `host:port`.
     pub host: String,
-    /// Why this node's bytes move over TCP: asked for, or what `--protocol auto` found
-    /// (see [`crate::protocol_choice`]).
-    pub transport_reason: String,
+    /// The transport of this node's bytes (RDMA devices, or TCP) and why (see
+    /// [`crate::protocol_choice`]).
+    pub transport: Chosen,
     /// Instance port.
     pub port: u16,
     /// Where dummies connect; `None` serves only in-process dummies (embedded mode).
@@ -252,8 +252,10 @@ pub struct EmbeddedOptions {
     /// `host:port` of a cluster's master; empty or `embedded` for a master in this
     /// process.
     pub master_address: String,
-    /// Transfer protocol (only `tcp`).
+    /// Transfer protocol: `tcp`, `rdma` or `auto`.
     pub protocol: String,
+    /// RDMA devices (comma separated; empty: those nearest this process).
+    pub rdma_devices: String,
     /// Tenant whose key space the process uses (`None`: the environment's or the
     /// default).
     pub tenant_id: Option<String>,
@@ -314,7 +316,10 @@ impl RealClientConfig {
             "enable_http_metadata_server",
             master_address.as_deref(),
         )?;
-        let transport_reason = check_protocol(&flags.string("protocol").unwrap_or_default())?;
+        let transport = check_protocol(
+            &flags.string("protocol").unwrap_or_default(),
+            &flags.string("device_names").unwrap_or_default(),
+        )?;
         let offload = offload_settings(
             flags.bool("enable_offload")?,
             flags.string("offload_path").as_deref(),
@@ -333,7 +338,7 @@ impl RealClientConfig {
         let log = LogSettings::from_flags(PROGRAM.name, flags)?;
         Ok(RealClientConfig {
             host: checked_host(flags.string("host").unwrap_or_else(|| "0.0.0.0".into()))?,
-            transport_reason,
+            transport,
             port,
             socket,
             allowed_uids,
@@ -423,7 +428,7 @@ impl RealClientConfig {
         config.global_segment_size = options.global_segment_size;
         config.master_address = parse_master_address(&options.master_address)?;
         check_pure_client(config.global_segment_size, config.master_address.as_deref())?;
-        config.transport_reason = check_protocol(&options.protocol)?;
+        config.transport = check_protocol(&options.protocol, &options.rdma_devices)?;
         if let Some(tenant) = options.tenant_id {
             config.tenant_id = checked_tenant(tenant)?;
         }
@@ -645,18 +650,12 @@ fn check_pure_client(global_segment_size: u64, master: Option<&str>) -> Result<(
     Ok(())
 }
 
-/// The transport for `--protocol` (TCP in this build) and why; `rdma` is refused with
-/// what was looked for and the fix.
-fn check_protocol(protocol: &str) -> Result<String, ConfigError> {
-    use crate::protocol_choice::{Protocol, RDMA_DEVICE_DIR, choose, rdma_devices};
+/// The transport for `--protocol` with the devices of `--rdma_devices`, and why;
+/// `rdma` without a usable device is refused with what was looked for and the fix.
+fn check_protocol(protocol: &str, devices: &str) -> Result<Chosen, ConfigError> {
+    use crate::protocol_choice::{Protocol, choose, device_list, find_devices};
     let asked = Protocol::parse(protocol).map_err(|reason| invalid("protocol", reason))?;
-    let devices = match asked {
-        Protocol::Tcp => Vec::new(),
-        Protocol::Rdma | Protocol::Auto => rdma_devices(Path::new(RDMA_DEVICE_DIR)),
-    };
-    choose(asked, &devices)
-        .map(|chosen| chosen.reason)
-        .map_err(|reason| invalid("protocol", reason))
+    choose(asked, &device_list(devices), find_devices).map_err(|reason| invalid("protocol", reason))
 }
 
 /// The SSD tier's settings when `enabled`: `MOONCAKE_OFFLOAD_*`, with `path` (when
@@ -823,7 +822,7 @@ mod tests {
             ..options()
         })
         .expect("auto runs over TCP");
-        assert!(!auto.transport_reason.is_empty());
+        assert!(!auto.transport.reason.is_empty());
         assert!(
             bad(EmbeddedOptions {
                 port: 0,

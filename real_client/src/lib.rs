@@ -74,8 +74,10 @@ use server::BindError;
 use state::ReadLeaseQuota;
 pub use state::ServerState;
 use store::Store;
+use transfer::rdma::RdmaTransport;
+use transfer::rdma::node::RdmaNode;
 use transfer::server::ServedSegment;
-use transfer::{TransferClient, TransferServer};
+use transfer::{TransferClient, TransferServer, Transport};
 
 /// Why the real client could not start.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +101,9 @@ pub enum StartError {
     /// The transfer engine's port could not be bound.
     #[error("cannot start the transfer engine: {0}; check --host and --transfer_port")]
     Transfer(std::io::Error),
+    /// The RDMA devices could not be opened, or the segment not registered on them.
+    #[error("cannot start RDMA: {0}")]
+    Rdma(mooncake_rdma::RdmaError),
     /// The tenant name is not valid.
     #[error("--tenant_id: {0}")]
     Tenant(String),
@@ -387,6 +392,20 @@ async fn join_cluster(
     Ok(())
 }
 
+/// Opens the RDMA devices `--protocol` chose and registers the segment on them (`None`
+/// for TCP).
+fn open_rdma(
+    config: &RealClientConfig,
+    served: &Arc<ServedSegment>,
+) -> Result<Option<Arc<RdmaNode>>, StartError> {
+    let Some(devices) = &config.transport.rdma_devices else {
+        return Ok(None);
+    };
+    RdmaNode::open(devices, served)
+        .map(Some)
+        .map_err(StartError::Rdma)
+}
+
 /// What the RPC handlers share: the store, the limits on dummies, the counters.
 async fn server_state(
     config: &RealClientConfig,
@@ -456,12 +475,14 @@ impl RealClient {
         );
         let served = allocate_segment(&config)?;
         let disk = open_disk_tier(&config).await?;
+        let rdma = open_rdma(&config, &served)?;
         let transfer = TransferServer::start(
             transfer_bind,
             Arc::clone(&served),
             disk.clone(),
             config.transfer_congestion.clone(),
             chosen.secret.clone(),
+            rdma.clone(),
         )
         .map_err(StartError::Transfer)?;
         let endpoint = format!("{}:{}", config.advertised_host(), transfer.address().port());
@@ -473,12 +494,21 @@ impl RealClient {
             disk.as_deref(),
         )
         .await?;
+        let peers = Arc::new(TransferClient::new(
+            config.transfer_congestion.clone(),
+            chosen.secret,
+        ));
+        let transport: Arc<dyn Transport> = match rdma {
+            Some(node) => Arc::new(RdmaTransport::new(node, Arc::clone(&peers))),
+            None => Arc::clone(&peers) as Arc<dyn Transport>,
+        };
         let store = Store::new(
             master,
             served,
             config.segment_name(),
             disk,
-            TransferClient::new(config.transfer_congestion.clone(), chosen.secret),
+            transport,
+            peers,
         );
         let state = Arc::new(server_state(&config, instance_id, store, started).await);
         let (shutdown, _) = watch::channel(false);
@@ -522,8 +552,8 @@ impl RealClient {
             readiness = ?readiness_at,
             master_http = ?config.master_http_port,
             http_metadata = ?config.metadata_http_port,
-            protocol = "tcp",
-            protocol_reason = %config.transport_reason,
+            protocol = if config.transport.rdma_devices.is_some() { "rdma" } else { "tcp" },
+            protocol_reason = %config.transport.reason,
             max_dummy_shm_size = %format_size(config.max_dummy_shm_size),
             max_total_dummy_shm_size = %format_size(config.max_total_dummy_shm_size),
             max_dummy_sessions = config.max_dummy_sessions,

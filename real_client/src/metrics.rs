@@ -86,6 +86,13 @@ impl Metrics {
              mooncake_client_segment_pinned_bytes {}\n",
             crate::device_buffers::segment_pinned_bytes()
         );
+        let _ = write!(
+            text,
+            "# HELP mooncake_client_rdma_bytes_total Bytes this node moved to and from peers with one-sided RDMA (0 over TCP).\n\
+             # TYPE mooncake_client_rdma_bytes_total counter\n\
+             mooncake_client_rdma_bytes_total {}\n",
+            mooncake_rdma::queue_pair::bytes_moved()
+        );
         text
     }
 }

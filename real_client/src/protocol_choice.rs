@@ -1,16 +1,14 @@
 //! Which transport moves this node's bytes to and from its peers: `--protocol`
 //! (`MOONCAKE_PROTOCOL`, `protocol=` of `setup()`) is `tcp`, `rdma` or `auto`.
 //!
-//! This build's transfer engine moves bytes over TCP. `rdma` is therefore refused with
-//! a message that says what was looked for (RDMA devices under
-//! [`RDMA_DEVICE_DIR`]) and what to use instead; `auto` takes RDMA where a usable
-//! device and transport exist, else TCP, and says once at startup which one it took
-//! and why. Looking for devices reads sysfs only: nothing is loaded, so the binary and
-//! the wheel run the same on machines with and without `libibverbs`.
+//! `rdma` opens the devices of `--rdma_devices` (upstream's `device_names`), or those
+//! nearest this process when none are named, through libibverbs loaded now (never at
+//! program start, so the binary and the wheel run on machines without it); when there
+//! is no library or no usable device it is refused with what was looked for and the
+//! fix. `auto` takes RDMA when it would work, else TCP, and says once at startup which
+//! one it took and why.
 
-use std::path::Path;
-
-/// Where the kernel lists RDMA devices (one entry per device: `mlx5_0`, `rxe0`, ...).
+/// Where the kernel lists RDMA devices (named in messages for operators).
 pub const RDMA_DEVICE_DIR: &str = "/sys/class/infiniband";
 
 /// The transport asked for.
@@ -36,51 +34,74 @@ impl Protocol {
     }
 }
 
-/// The RDMA devices the kernel lists under `dir`, sorted (none when it does not exist).
-pub fn rdma_devices(dir: &Path) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut names: Vec<String> = entries
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .collect();
-    names.sort();
-    names
+/// What [`choose`] took, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chosen {
+    /// The RDMA devices to open; `None` for TCP.
+    pub rdma_devices: Option<Vec<String>>,
+    /// Why this transport (for the startup line).
+    pub reason: String,
 }
 
-/// The transport this build runs for `protocol` on a machine with `devices`: TCP, with
-/// the reason when `auto` chose it; an error that names what was looked for and the
-/// fix when RDMA was asked for.
-pub fn choose(protocol: Protocol, devices: &[String]) -> Result<Chosen, String> {
-    let found = if devices.is_empty() {
-        format!("no RDMA device found (looked for entries in {RDMA_DEVICE_DIR})")
-    } else {
-        format!(
-            "RDMA devices found ({}), but this build's transfer engine moves bytes over TCP only",
-            devices.join(", ")
-        )
-    };
-    match protocol {
-        Protocol::Tcp => Ok(Chosen {
+/// The transport for `protocol` with the devices `wanted` (`--rdma_devices`, empty:
+/// choose); `find` lists the usable devices (`mooncake_rdma::choose_devices`).
+pub fn choose(
+    protocol: Protocol,
+    wanted: &[String],
+    find: impl FnOnce(&[String]) -> Result<Vec<String>, String>,
+) -> Result<Chosen, String> {
+    if protocol == Protocol::Tcp {
+        return Ok(Chosen {
+            rdma_devices: None,
             reason: "asked for".into(),
+        });
+    }
+    match (protocol, find(wanted)) {
+        (_, Ok(devices)) => Ok(Chosen {
+            reason: format!("RDMA devices {}", devices.join(", ")),
+            rdma_devices: Some(devices),
         }),
-        Protocol::Auto => Ok(Chosen { reason: found }),
-        Protocol::Rdma => Err(format!(
-            "\"rdma\": {found}; use --protocol tcp (MOONCAKE_PROTOCOL=tcp, protocol=\"tcp\"), or auto to take RDMA where it is available"
+        (Protocol::Auto, Err(why)) => Ok(Chosen {
+            rdma_devices: None,
+            reason: format!("auto: TCP, since {why}"),
+        }),
+        (_, Err(why)) => Err(format!(
+            "\"rdma\": {why} (devices under {RDMA_DEVICE_DIR}); use --protocol tcp (MOONCAKE_PROTOCOL=tcp, protocol=\"tcp\"), or auto to take RDMA where it is available"
         )),
     }
 }
 
-/// What [`choose`] took: always TCP in this build, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Chosen {
-    /// Why this transport (for the startup line).
-    pub reason: String,
+/// The usable RDMA devices among `wanted` (all nearby ones when empty), or why there
+/// are none.
+pub fn find_devices(wanted: &[String]) -> Result<Vec<String>, String> {
+    mooncake_rdma::choose_devices(wanted).map_err(|error| error.to_string())
+}
+
+/// Splits a `--rdma_devices` list (`mlx5_0,mlx5_1`; upstream also takes spaces).
+pub fn device_list(value: &str) -> Vec<String> {
+    value
+        .split([',', ' '])
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn none(_: &[String]) -> Result<Vec<String>, String> {
+        Err("cannot load libibverbs.so.1".into())
+    }
+
+    fn two(wanted: &[String]) -> Result<Vec<String>, String> {
+        Ok(if wanted.is_empty() {
+            vec!["mlx5_0".into(), "mlx5_1".into()]
+        } else {
+            wanted.to_vec()
+        })
+    }
 
     #[test]
     fn values_are_upstreams_plus_auto() {
@@ -93,31 +114,38 @@ mod tests {
 
     #[test]
     fn rdma_without_a_device_names_what_was_looked_for_and_the_fix() {
-        let error = choose(Protocol::Rdma, &[]).expect_err("refused");
+        let error = choose(Protocol::Rdma, &[], none).expect_err("refused");
+        assert!(error.contains("libibverbs.so.1"), "{error}");
         assert!(error.contains(RDMA_DEVICE_DIR), "{error}");
         assert!(error.contains("--protocol tcp"), "{error}");
-        let error = choose(Protocol::Rdma, &["mlx5_0".into()]).expect_err("refused");
-        assert!(
-            error.contains("mlx5_0") && error.contains("TCP only"),
-            "{error}"
+    }
+
+    #[test]
+    fn rdma_with_devices_takes_them() {
+        let chosen = choose(Protocol::Rdma, &[], two).expect("devices");
+        assert_eq!(
+            chosen.rdma_devices,
+            Some(vec!["mlx5_0".into(), "mlx5_1".into()])
         );
+        let chosen = choose(Protocol::Auto, &["mlx5_1".into()], two).expect("devices");
+        assert_eq!(chosen.rdma_devices, Some(vec!["mlx5_1".into()]));
     }
 
     #[test]
-    fn auto_takes_tcp_and_says_why() {
-        let chosen = choose(Protocol::Auto, &[]).expect("auto always runs");
-        assert!(chosen.reason.contains("no RDMA device"), "{chosen:?}");
-        let chosen = choose(Protocol::Auto, &["rxe0".into()]).expect("auto always runs");
-        assert!(chosen.reason.contains("rxe0"), "{chosen:?}");
+    fn auto_falls_back_to_tcp_and_says_why() {
+        let chosen = choose(Protocol::Auto, &[], none).expect("auto always runs");
+        assert_eq!(chosen.rdma_devices, None);
+        assert!(chosen.reason.contains("libibverbs"), "{chosen:?}");
+        let chosen = choose(Protocol::Tcp, &[], two).expect("tcp");
+        assert_eq!(chosen.rdma_devices, None, "tcp never opens devices");
     }
 
     #[test]
-    fn devices_are_the_entries_of_the_directory() {
-        let dir = std::env::temp_dir().join(format!("mooncake-ib-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("mlx5_1")).expect("dir");
-        std::fs::create_dir_all(dir.join("mlx5_0")).expect("dir");
-        assert_eq!(rdma_devices(&dir), ["mlx5_0", "mlx5_1"]);
-        std::fs::remove_dir_all(&dir).expect("cleanup");
-        assert!(rdma_devices(&dir).is_empty());
+    fn device_lists_take_commas_and_spaces() {
+        assert_eq!(
+            device_list("mlx5_0, mlx5_1 mlx5_2,"),
+            ["mlx5_0", "mlx5_1", "mlx5_2"]
+        );
+        assert!(device_list("").is_empty());
     }
 }

@@ -463,6 +463,17 @@ pub struct MemSlice {
 }
 
 impl MemSlice {
+    /// The mapping this slice lies in (to register it with a NIC once for all its
+    /// slices).
+    pub fn memory(&self) -> &Arc<SharedMemory> {
+        &self.mem
+    }
+
+    /// The slice's address in this process.
+    pub fn address(&self) -> u64 {
+        self.mem.base() + self.offset as u64
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len

@@ -1079,18 +1079,13 @@ impl EmbeddedSettings {
                 )
             })?,
         };
-        if let Some(devices) = self.devices.as_deref().filter(|d| !d.is_empty()) {
-            tracing::info!(
-                devices,
-                "accepted for compatibility: device names (only tcp is available)"
-            );
-        }
         let options = EmbeddedOptions {
             host,
             port,
             global_segment_size: self.segment,
             master_address: master,
             protocol: self.protocol.clone().unwrap_or_else(|| "tcp".into()),
+            rdma_devices: self.devices.clone().unwrap_or_default(),
             tenant_id: self.tenant.clone(),
             enable_offload: self.offload,
             offload_path: self.offload_path.clone(),

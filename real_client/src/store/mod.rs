@@ -30,8 +30,8 @@ use crate::bounce::BouncePool;
 use crate::disk::DiskTier;
 use crate::master_link::MasterLink;
 use crate::region::Region;
-use crate::transfer::TransferClient;
 use crate::transfer::server::ServedSegment;
+use crate::transfer::{TransferClient, Transport};
 
 /// Bytes to write: ranges of a dummy's memory (concatenated) or bytes of this process.
 #[derive(Debug)]
@@ -119,7 +119,10 @@ enum Place<'a> {
 pub struct Store {
     master: MasterLink,
     segment: Arc<ServedSegment>,
-    transfers: TransferClient,
+    /// Moves bytes to and from peers' segments (TCP or RDMA).
+    transport: Arc<dyn Transport>,
+    /// Reaches peers' transfer engines over TCP (their SSD tiers).
+    peers: Arc<TransferClient>,
     /// This node's SSD tier, when enabled.
     disk: Option<Arc<DiskTier>>,
     /// This node's segment name (disk replicas name their owner by it).
@@ -137,18 +140,21 @@ fn transfer_blocking<T>(work: impl FnOnce() -> T) -> T {
 }
 
 impl Store {
-    /// A store over `master` with `segment` mounted, reaching peers through `transfers`.
+    /// A store over `master` with `segment` mounted, moving bytes to and from peers'
+    /// segments with `transport` and reading their SSD tiers through `peers`.
     pub fn new(
         master: MasterLink,
         segment: Arc<ServedSegment>,
         segment_name: String,
         disk: Option<Arc<DiskTier>>,
-        transfers: TransferClient,
+        transport: Arc<dyn Transport>,
+        peers: Arc<TransferClient>,
     ) -> Self {
         Store {
             master,
             segment,
-            transfers,
+            transport,
+            peers,
             disk,
             segment_name,
             remote_disk_reads: std::sync::atomic::AtomicU64::new(0),

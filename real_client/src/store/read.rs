@@ -28,7 +28,7 @@ use super::{Place, Store, transfer_blocking};
 use crate::master_link::MasterLink;
 use crate::read_cache::Located;
 use crate::region::Region;
-use crate::transfer::client::Transfer;
+use crate::transfer::{Transfer, seam};
 
 impl Store {
     /// Copies the object into `dest`, which must be at least as large (else
@@ -239,7 +239,10 @@ impl Store {
         }
         for (endpoint, reads) in by_peer {
             let transfers: Vec<Transfer<'_>> = reads.iter().map(|(_, t)| *t).collect();
-            let outcomes = transfer_blocking(|| self.transfers.read_many(endpoint, &transfers));
+            let outcomes = transfer_blocking(|| {
+                self.transport
+                    .read_many(endpoint, &transfers, seam::deadline())
+            });
             for ((index, _), outcome) in reads.iter().zip(outcomes) {
                 if outcome.is_err() {
                     copied.remove(index);
@@ -339,10 +342,8 @@ impl Store {
                 self.remote_disk_reads
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 match whole {
-                    Some(dest) => self
-                        .transfers
-                        .read_disk_into(endpoint, stored_key, grant, dest),
-                    None => from_value(&self.transfers.read_disk(
+                    Some(dest) => self.peers.read_disk_into(endpoint, stored_key, grant, dest),
+                    None => from_value(&self.peers.read_disk(
                         endpoint,
                         stored_key,
                         grant,
@@ -361,14 +362,14 @@ impl Store {
                     .iter()
                     .try_for_each(|(at, dest)| match dest.mapped() {
                         Some(slice) => {
-                            self.transfers
+                            self.peers
                                 .read(endpoint, segment, offset + at, grant, slice)
                         }
                         // Declared or GPU memory: received into a bounce buffer, then
                         // copied over.
                         None => {
                             let bounce = self.bounce.take(dest.len(), dest.device_api())?;
-                            self.transfers
+                            self.peers
                                 .read(endpoint, segment, offset + at, grant, &bounce)?;
                             dest.fill_from(&bounce)
                         }

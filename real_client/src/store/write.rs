@@ -35,7 +35,7 @@ use super::{Payload, Place, Store, all_in_segment, memory_range, transfer_blocki
 use crate::master_link::MasterLink;
 use crate::region::Region;
 use crate::reservations::{MAX_RESERVED_VALUE, Reserved, Shape};
-use crate::transfer::client::Transfer;
+use crate::transfer::{Transfer, seam};
 
 /// A reservation a put took, with the shape it was kept under (to give it back).
 type Taken = (Arc<Shape>, Reserved);
@@ -83,16 +83,26 @@ impl Store {
                     grant,
                 },
                 Payload::Regions(regions),
-            ) => transfer_blocking(|| {
+            ) => {
                 let mut at = offset;
+                let mut transfers = Vec::with_capacity(regions.len());
                 for region in regions {
                     // `write_replicas` bounced every region that is not mapped here.
-                    let slice = region.mapped().ok_or(ErrorCode::INTERNAL_ERROR)?;
-                    self.transfers.write(endpoint, segment, at, grant, slice)?;
+                    let local = region.mapped().ok_or(ErrorCode::INTERNAL_ERROR)?;
+                    transfers.push(Transfer {
+                        segment,
+                        offset: at,
+                        grant,
+                        local,
+                    });
                     at += region.len();
                 }
-                Ok(())
-            }),
+                let outcomes = transfer_blocking(|| {
+                    self.transport
+                        .write_many(endpoint, &transfers, seam::deadline())
+                });
+                outcomes.into_iter().collect()
+            }
             (Place::Remote { .. }, Payload::Bytes(_)) => Err(ErrorCode::NOT_SUPPORTED),
             (Place::LocalDisk | Place::RemoteDisk { .. }, _) => Err(ErrorCode::INVALID_REPLICA),
         }
@@ -167,7 +177,11 @@ impl Store {
                 Err(code) => results[index] = Err(code),
             }
         }
-        if self.master.is_remote() && copies_here_only(&accepted, &via, items) {
+        // Peers reading this segment one-sided cannot wait for a copy in flight.
+        if self.master.is_remote()
+            && !self.transport.serves_one_sided()
+            && copies_here_only(&accepted, &via, items)
+        {
             let reserved = via.into_iter().flatten().collect();
             self.write_while_committing(&accepted, reserved, items, mode, &mut results)
                 .await;
@@ -529,7 +543,10 @@ impl Store {
                     local: &w.source,
                 })
                 .collect();
-            let outcomes = transfer_blocking(|| self.transfers.write_many(endpoint, &transfers));
+            let outcomes = transfer_blocking(|| {
+                self.transport
+                    .write_many(endpoint, &transfers, seam::deadline())
+            });
             for (write, outcome) in writes.iter().zip(outcomes) {
                 if let Err(code) = outcome {
                     failed.entry(write.item).or_insert(code);

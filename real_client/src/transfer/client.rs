@@ -12,6 +12,7 @@ use mooncake_core::protocol::auth::{self, ClusterSecret};
 use mooncake_core::protocol::grant::{Grant, GrantedRange};
 use mooncake_shm::{MemSlice, Outgoing, send_vectored};
 
+use super::seam::{Direction, Transfer, Transport};
 use super::stream::BufferedStream;
 use super::tuning::Congestion;
 use super::wire::{Op, REQUEST_LEN, Request, read_response};
@@ -26,19 +27,6 @@ const POOL_PER_PEER: usize = 8;
 /// order; a window's requests (72 bytes each) always fit in the socket buffers, so
 /// neither side blocks the other.
 const PIPELINE_WINDOW: usize = 64;
-
-/// One copy between local memory and a range of a peer's segment.
-#[derive(Clone, Copy, Debug)]
-pub struct Transfer<'a> {
-    /// The peer's segment id.
-    pub segment: u64,
-    /// Offset in that segment.
-    pub offset: u64,
-    /// The master's grant for the replica the range lies in (with a cluster secret).
-    pub grant: Option<GrantedRange>,
-    /// The local memory: read from for a write, filled by a read.
-    pub local: &'a MemSlice,
-}
 
 /// Longest a pooled connection is kept unused; older ones are closed instead of
 /// reused (well before the peer's [`TRANSFER_IDLE_TIMEOUT`] closes them).
@@ -73,6 +61,12 @@ impl TransferClient {
                 return Ok(stream);
             }
         }
+        self.connect(endpoint)
+    }
+
+    /// A new connection to `endpoint`'s transfer engine (authenticated with the
+    /// cluster secret, when there is one), not taken from the pool.
+    pub(super) fn connect(&self, endpoint: &str) -> CodeResult<BufferedStream> {
         let address = std::net::ToSocketAddrs::to_socket_addrs(endpoint)
             .ok()
             .and_then(|mut a| a.next())
@@ -122,7 +116,7 @@ impl TransferClient {
             grant,
             local: dest,
         };
-        first(self.read_many(endpoint, &[transfer]))
+        first(self.pipelined(endpoint, Op::Read, &[transfer], super::seam::deadline()))
     }
 
     /// Copies `source` into the peer's segment at `offset`, under the master's `grant`.
@@ -140,26 +134,29 @@ impl TransferClient {
             grant,
             local: source,
         };
-        first(self.write_many(endpoint, &[transfer]))
+        first(self.pipelined(endpoint, Op::Write, &[transfer], super::seam::deadline()))
     }
 
-    /// Reads every transfer from the peer into its local memory, pipelined on one
-    /// connection: requests go out a window at a time before their answers are read.
-    /// One result per transfer, in order.
-    pub fn read_many(&self, endpoint: &str, transfers: &[Transfer<'_>]) -> Vec<CodeResult<()>> {
-        self.pipelined(endpoint, Op::Read, transfers)
-    }
-
-    /// Writes every transfer's local memory into the peer's segment, pipelined as in
-    /// [`read_many`](Self::read_many).
-    pub fn write_many(&self, endpoint: &str, transfers: &[Transfer<'_>]) -> Vec<CodeResult<()>> {
-        self.pipelined(endpoint, Op::Write, transfers)
-    }
-
-    fn pipelined(&self, endpoint: &str, op: Op, transfers: &[Transfer<'_>]) -> Vec<CodeResult<()>> {
+    /// Sends the transfers a window at a time on one connection (requests go out
+    /// before their answers are read); windows that would start after `deadline`
+    /// fail, and no socket waits past it.
+    fn pipelined(
+        &self,
+        endpoint: &str,
+        op: Op,
+        transfers: &[Transfer<'_>],
+        deadline: Instant,
+    ) -> Vec<CodeResult<()>> {
         let mut results = Vec::with_capacity(transfers.len());
         for window in transfers.chunks(PIPELINE_WINDOW) {
-            match self.pipeline_window(endpoint, op, window) {
+            let Some(left) = deadline
+                .checked_duration_since(Instant::now())
+                .filter(|left| !left.is_zero())
+            else {
+                results.extend(window.iter().map(|_| Err(ErrorCode::TRANSFER_FAIL)));
+                continue;
+            };
+            match self.pipeline_window(endpoint, op, window, left.min(IO_TIMEOUT)) {
                 Ok(answers) => results.extend(answers),
                 Err(code) => results.extend(window.iter().map(|_| Err(code))),
             }
@@ -176,8 +173,11 @@ impl TransferClient {
         endpoint: &str,
         op: Op,
         window: &[Transfer<'_>],
+        timeout: Duration,
     ) -> CodeResult<Vec<CodeResult<()>>> {
         let mut stream = self.checkout(endpoint)?;
+        let _ = stream.socket().set_read_timeout(Some(timeout));
+        let _ = stream.socket().set_write_timeout(Some(timeout));
         let io = |e: std::io::Error| {
             tracing::warn!(endpoint, error = %e, "transfer failed");
             ErrorCode::TRANSFER_FAIL
@@ -303,6 +303,26 @@ impl TransferClient {
         receive(&mut stream, len)?;
         self.checkin(endpoint, stream);
         Ok(())
+    }
+}
+
+impl Transport for TransferClient {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn run(
+        &self,
+        peer: &str,
+        direction: Direction,
+        transfers: &[Transfer<'_>],
+        deadline: Instant,
+    ) -> Vec<CodeResult<()>> {
+        let op = match direction {
+            Direction::Read => Op::Read,
+            Direction::Write => Op::Write,
+        };
+        self.pipelined(peer, op, transfers, deadline)
     }
 }
 

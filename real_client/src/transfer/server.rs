@@ -10,6 +10,8 @@ use mooncake_core::protocol::auth::{self, ClusterSecret};
 use mooncake_core::protocol::grant::{Access, GrantError, Scope, now_secs};
 use mooncake_shm::{MemSlice, Outgoing, SharedMemory, send_vectored};
 
+use super::rdma::exchange::{self, Offer};
+use super::rdma::node::RdmaNode;
 use super::stream::BufferedStream;
 use super::tuning::Congestion;
 use super::wire::{Op, REQUEST_LEN, Request, WireError, encode_response};
@@ -53,6 +55,7 @@ impl TransferServer {
         disk: Option<Arc<DiskTier>>,
         congestion: Congestion,
         secret: Option<Arc<ClusterSecret>>,
+        rdma: Option<Arc<RdmaNode>>,
     ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(bind)?;
         let address = listener.local_addr()?;
@@ -78,6 +81,7 @@ impl TransferServer {
                     let segment = Arc::clone(&segment);
                     let disk = disk.clone();
                     let secret = secret.clone();
+                    let rdma = rdma.clone();
                     let spawned = std::thread::Builder::new()
                         .name("transfer-peer".into())
                         .spawn(move || {
@@ -87,6 +91,7 @@ impl TransferServer {
                                     segment: &segment,
                                     disk: disk.as_deref(),
                                     grants: secret.as_deref(),
+                                    rdma: rdma.as_deref(),
                                     warned: std::cell::Cell::new(false),
                                 };
                                 serve_connection(stream, &served);
@@ -227,6 +232,8 @@ struct Served<'a> {
     segment: &'a ServedSegment,
     disk: Option<&'a DiskTier>,
     grants: Option<&'a ClusterSecret>,
+    /// This node's RDMA side, when it moves bytes with RDMA.
+    rdma: Option<&'a RdmaNode>,
     /// A refusal was logged on this connection (later ones are not, so a peer cannot
     /// flood the log).
     warned: std::cell::Cell<bool>,
@@ -316,10 +323,14 @@ fn serve_connection(stream: TcpStream, served: &Served<'_>) {
             }
         };
         mooncake_core::keep_awake::touch();
-        let answered = if request.op == Op::ReadDisk {
-            serve_disk_read(&mut stream, &mut outbox, served, &request, peer)
-        } else {
-            serve_request(&mut stream, &mut outbox, served, &request, peer)
+        let answered = match request.op {
+            Op::ReadDisk => serve_disk_read(&mut stream, &mut outbox, served, &request, peer),
+            Op::RdmaConnect => {
+                return serve_rdma_connect(stream, &mut outbox, served, peer);
+            }
+            // Only meaningful on a connection that holds a queue pair.
+            Op::RdmaKeepalive => Ok(()),
+            Op::Read | Op::Write => serve_request(&mut stream, &mut outbox, served, &request, peer),
         };
         if answered.is_err() || (outbox.is_full() && outbox.flush(stream.socket()).is_err()) {
             return;
@@ -366,7 +377,9 @@ fn serve_request(
             outbox.push(Ok(request.len), AnswerPayload::None);
         }
         (Op::Read, Err(code)) => outbox.push(Err(code), AnswerPayload::None),
-        (Op::ReadDisk, _) => outbox.push(Err(ErrorCode::INVALID_PARAMS), AnswerPayload::None),
+        (Op::ReadDisk | Op::RdmaConnect | Op::RdmaKeepalive, _) => {
+            outbox.push(Err(ErrorCode::INVALID_PARAMS), AnswerPayload::None)
+        }
         (Op::Write, Err(code)) => {
             // Drain the payload so the connection stays usable, then refuse.
             stream.discard(request.len)?;
@@ -409,4 +422,59 @@ fn serve_disk_read(
             Ok(())
         }
     }
+}
+
+/// Connects a queue pair to the peer's offer that follows the header, answers with
+/// ours, then holds the pair until the peer closes the connection (or stays silent
+/// for [`TRANSFER_IDLE_TIMEOUT`]: it sends keepalives while it uses the pair).
+fn serve_rdma_connect(
+    mut stream: BufferedStream,
+    outbox: &mut Outbox,
+    served: &Served<'_>,
+    peer: Option<SocketAddr>,
+) {
+    if outbox.flush(stream.socket()).is_err() {
+        return;
+    }
+    let mut offered = [0u8; exchange::LEN];
+    if std::io::Read::read_exact(&mut stream, &mut offered).is_err() {
+        return;
+    }
+    let accepted = match (served.rdma, Offer::decode(&offered)) {
+        (None, _) => Err(ErrorCode::NOT_SUPPORTED),
+        (Some(_), Err(error)) => {
+            tracing::warn!(?peer, %error, "closing a transfer connection");
+            Err(ErrorCode::INVALID_PARAMS)
+        }
+        (Some(node), Ok(offer)) => node.accept(&offer),
+    };
+    let (acceptance, pair) = match accepted {
+        Ok(accepted) => accepted,
+        Err(code) => {
+            let _ = send_vectored(
+                stream.socket(),
+                &[Outgoing::Bytes(&encode_response(Err(code)))],
+            );
+            return;
+        }
+    };
+    let header = encode_response(Ok(exchange::LEN as u64));
+    let answer = acceptance.encode();
+    if send_vectored(
+        stream.socket(),
+        &[Outgoing::Bytes(&header), Outgoing::Bytes(&answer)],
+    )
+    .is_err()
+    {
+        return;
+    }
+    tracing::debug!(?peer, "RDMA queue pair connected");
+    // Only keepalives may follow; anything else, silence or a close ends the pair.
+    while let Ok(request) = Request::read_from(&mut stream) {
+        if request.op != Op::RdmaKeepalive {
+            break;
+        }
+    }
+    drop(pair);
+    tracing::debug!(?peer, "RDMA queue pair closed");
 }

@@ -28,7 +28,17 @@ pub enum Op {
     /// header are the (master's) key; the response's length is the value's, and the
     /// value follows it.
     ReadDisk = 3,
+    /// Connects an RDMA queue pair: the request's `len` bytes that follow the header
+    /// are the requester's side ([`CONNECT_LEN`] bytes, `rdma::exchange`); the answer
+    /// carries ours. The connection then only holds the pair (closing it destroys
+    /// the pair) and carries [`Op::RdmaKeepalive`]s.
+    RdmaConnect = 4,
+    /// Keeps a connection that holds an RDMA queue pair from timing out (no answer).
+    RdmaKeepalive = 5,
 }
+
+/// Bytes of each side of an RDMA connection exchange.
+pub const CONNECT_LEN: u64 = 64;
 
 /// Longest key a [`Op::ReadDisk`] request may carry.
 pub const MAX_DISK_KEY: u64 = 1 << 20;
@@ -92,6 +102,8 @@ impl Request {
             1 => Op::Read,
             2 => Op::Write,
             3 => Op::ReadDisk,
+            4 => Op::RdmaConnect,
+            5 => Op::RdmaKeepalive,
             _ => return Err(WireError::Malformed("unknown operation")),
         };
         let word = |at: usize| {
@@ -136,7 +148,26 @@ impl Request {
                 "disk read key of 0 or more than 1 MiB",
             ));
         }
+        if request.op == Op::RdmaConnect && request.len != CONNECT_LEN {
+            return Err(WireError::Malformed(
+                "RDMA connection exchange of the wrong size",
+            ));
+        }
+        if request.op == Op::RdmaKeepalive && request.len != 0 {
+            return Err(WireError::Malformed("keepalive with a payload"));
+        }
         Ok(request)
+    }
+
+    /// True when the request's length is valid for its operation.
+    pub fn len_fits(op: Op, len: u64) -> bool {
+        len <= MAX_TRANSFER
+            && match op {
+                Op::ReadDisk => (1..=MAX_DISK_KEY).contains(&len),
+                Op::RdmaConnect => len == CONNECT_LEN,
+                Op::RdmaKeepalive => len == 0,
+                Op::Read | Op::Write => true,
+            }
     }
 
     /// Reads one header.
@@ -251,7 +282,13 @@ mod tests {
         use super::*;
 
         fn op() -> impl Strategy<Value = Op> {
-            prop_oneof![Just(Op::Read), Just(Op::Write), Just(Op::ReadDisk)]
+            prop_oneof![
+                Just(Op::Read),
+                Just(Op::Write),
+                Just(Op::ReadDisk),
+                Just(Op::RdmaConnect),
+                Just(Op::RdmaKeepalive)
+            ]
         }
 
         fn frame() -> impl Strategy<Value = [u8; REQUEST_LEN]> {
@@ -286,6 +323,7 @@ mod tests {
             prop_oneof![
                 any::<u64>(),
                 0..=MAX_DISK_KEY + 1,
+                Just(CONNECT_LEN),
                 MAX_TRANSFER - 1..=MAX_TRANSFER + 1,
             ]
         }
@@ -297,7 +335,7 @@ mod tests {
             fn no_input_panics_the_transfer_request_decoder(
                 mut frame in frame(),
                 magic in any::<bool>(),
-                op in 0..5u8,
+                op in 0..7u8,
             ) {
                 // Half the frames get past the magic, and most then name an operation.
                 if magic {
@@ -305,11 +343,7 @@ mod tests {
                     frame[4] = op;
                 }
                 if let Ok(request) = Request::decode(&frame) {
-                    prop_assert!(request.len <= MAX_TRANSFER);
-                    prop_assert!(
-                        request.op != Op::ReadDisk
-                            || (1..=MAX_DISK_KEY).contains(&request.len)
-                    );
+                    prop_assert!(Request::len_fits(request.op, request.len));
                     // The two bytes after the flags are padding, not read.
                     let mut sent = frame;
                     sent[6..8].fill(0);
@@ -326,8 +360,7 @@ mod tests {
                 grant in proptest::option::of(granted()),
             ) {
                 let request = Request { op, segment, offset, len, grant };
-                let valid = len <= MAX_TRANSFER
-                    && (op != Op::ReadDisk || (1..=MAX_DISK_KEY).contains(&len));
+                let valid = Request::len_fits(op, len);
                 let decoded = Request::decode(&request.encode());
                 prop_assert_eq!(decoded.as_ref().ok(), valid.then_some(&request));
                 let mut stream = &request.encode()[..];
