@@ -76,9 +76,45 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
+/// The protocol both real clients run (`MOONCAKE_BENCH_PROTOCOL`, default `tcp`) and
+/// the flags that choose it (with `MOONCAKE_BENCH_RDMA_DEVICES` as `--device_names`).
+fn protocol_flags() -> (String, Vec<String>) {
+    let protocol = std::env::var("MOONCAKE_BENCH_PROTOCOL").unwrap_or_else(|_| "tcp".into());
+    let mut flags = vec![format!("--protocol={protocol}")];
+    if let Ok(devices) = std::env::var("MOONCAKE_BENCH_RDMA_DEVICES") {
+        flags.push(format!("--device_names={devices}"));
+    }
+    (protocol, flags)
+}
+
+/// The object sizes measured (`MOONCAKE_BENCH_SIZES`, comma separated sizes such as
+/// `4KiB,64KiB,1MiB,64MiB`; default 1 MiB and 16 MiB).
+fn object_sizes() -> Result<Vec<u64>, String> {
+    let Ok(list) = std::env::var("MOONCAKE_BENCH_SIZES") else {
+        return Ok(vec![1 << 20, 16 << 20]);
+    };
+    list.split(',')
+        .map(|size| {
+            mooncake_core::units::parse_size(size.trim())
+                .map_err(|e| format!("MOONCAKE_BENCH_SIZES: {size:?}: {e}"))
+        })
+        .collect()
+}
+
+/// A size as the rows name it (`4 KiB`, `1 MiB`).
+fn size_label(size: u64) -> String {
+    if size >= 1 << 20 {
+        format!("{} MiB", size >> 20)
+    } else {
+        format!("{} KiB", size >> 10)
+    }
+}
+
 /// Runs the cluster section: a master and two real clients A and B; a dummy on A
 /// writes into and reads from B's segment.
 pub fn run(repeats: usize) -> Result<(), String> {
+    let (protocol, protocol_flags) = protocol_flags();
+    let sizes = object_sizes()?;
     let master_port = free_port()?;
     let master_address = format!("127.0.0.1:{master_port}");
     let mut processes = Processes::default();
@@ -99,16 +135,15 @@ pub fn run(repeats: usize) -> Result<(), String> {
         40_001 + (std::process::id() % 10_000) as u16 * 2,
     ];
     for port in ports {
-        processes.0.push(spawn(
-            "mooncake_client",
-            &[
-                format!("--port={port}"),
-                "--host=127.0.0.1".into(),
-                format!("--master_server_address={master_address}"),
-                "--global_segment_size=1GB".into(),
-                "--log_level=warn".into(),
-            ],
-        )?);
+        let mut flags = vec![
+            format!("--port={port}"),
+            "--host=127.0.0.1".into(),
+            format!("--master_server_address={master_address}"),
+            "--global_segment_size=1GB".into(),
+            "--log_level=warn".into(),
+        ];
+        flags.extend(protocol_flags.iter().cloned());
+        processes.0.push(spawn("mooncake_client", &flags)?);
     }
     let node_a = wait_for(&format!("127.0.0.1:{}", ports[0]))?;
     let _node_b = wait_for(&format!("127.0.0.1:{}", ports[1]))?;
@@ -118,7 +153,7 @@ pub fn run(repeats: usize) -> Result<(), String> {
         ..ReplicateConfig::default()
     };
     println!(
-        "\ncluster: dummy on node A, data in node B's segment (TCP transfer engine over loopback), medians of {repeats}"
+        "\ncluster: dummy on node A, data in node B's segment ({protocol} transfer engine over loopback), medians of {repeats}"
     );
     // Raw TCP with the transfer sockets' congestion control and with the system's, from
     // a cache-resident block and from memory; each reference is the faster of the two.
@@ -144,8 +179,9 @@ pub fn run(repeats: usize) -> Result<(), String> {
                 run.results.push(raw);
             }
         }
-        for (index, size) in [1u64 << 20, 16 << 20].into_iter().enumerate() {
-            let count = (256u64 << 20) / size;
+        for (index, &size) in sizes.iter().enumerate() {
+            // 256 MiB of objects, at most 4096 of them.
+            let count = ((256u64 << 20) / size).clamp(1, 4096);
             let buf = node_a.alloc_from_mem_pool(size);
             let keys: Vec<String> = (0..count)
                 .map(|i| format!("cluster-{round}-{size}-{i}"))
@@ -175,8 +211,8 @@ pub fn run(repeats: usize) -> Result<(), String> {
             if round == 0 {
                 continue;
             }
-            let label = if size >= 16 << 20 { "16 MiB" } else { "1 MiB" };
-            if rows.len() < 4 {
+            let label = size_label(size);
+            if rows.len() < 2 * sizes.len() {
                 rows.push((format!("put_from A→B {label}"), Vec::new()));
                 rows.push((format!("get_into B→A {label}"), Vec::new()));
             }

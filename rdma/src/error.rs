@@ -14,7 +14,7 @@ pub enum RdmaError {
         reason: String,
     },
     /// The library lists no device, or none of those asked for.
-    #[error("no usable RDMA device: {0}; check `ibv_devinfo`, or use --protocol tcp")]
+    #[error("no usable RDMA device: {0}; check `ibv_devinfo`")]
     NoDevice(String),
     /// A verbs call failed.
     #[error("{call} failed on {device}: {reason}")]

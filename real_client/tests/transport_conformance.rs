@@ -45,8 +45,11 @@ fn stand_in() -> &'static PathBuf {
         let dir = std::env::temp_dir().join(format!("mooncake-fake-verbs-{}", std::process::id()));
         let library = mooncake_rdma::fake::build(&dir).expect("build the stand-in verbs provider");
         // SAFETY: set before any thread of this process loads the verbs library; every
-        // test calls this first and the value never changes.
-        unsafe { std::env::set_var(mooncake_rdma::library::LIBRARY_VARIABLE, &library) };
+        // test calls this first and the values never change. Two devices, for striping.
+        unsafe {
+            std::env::set_var(mooncake_rdma::library::LIBRARY_VARIABLE, &library);
+            std::env::set_var("FAKE_VERBS_DEVICES", "2");
+        }
         library
     })
 }
@@ -579,4 +582,34 @@ fn transfers_the_peer_never_completes_end_at_the_deadline() {
         started.elapsed()
     );
     drop(held.join());
+}
+
+#[test]
+fn a_large_batch_is_striped_over_every_device() {
+    let _serial = one_at_a_time();
+    let peer = Peer::start(Kind::Rdma, false);
+    stand_in();
+    let segment = segment(16 << 20);
+    let devices = ["fake_rdma0".to_string(), "fake_rdma1".to_string()];
+    let node = RdmaNode::open(&devices, &segment).expect("two devices");
+    let tcp = Arc::new(TransferClient::new(Congestion::System, None));
+    let transport = RdmaTransport::new(node, tcp);
+    let len = 3u64 << 20;
+    let source = memory("source", 4 * len);
+    let sources: Vec<MemSlice> = (0..4u64)
+        .map(|i| {
+            let slice = source.slice(i * len, len).expect("slice");
+            patterned(&slice, i + 40);
+            slice
+        })
+        .collect();
+    round_trip(&transport, &peer.endpoint, &sources, 0);
+    assert_eq!(
+        transport.pooled_channels(),
+        2,
+        "a channel per device carried the batch"
+    );
+    // Small batches take one device at a time, in turns.
+    round_trip(&transport, &peer.endpoint, &sources[..1], 0);
+    assert_eq!(transport.pooled_channels(), 2);
 }

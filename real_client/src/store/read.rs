@@ -28,7 +28,8 @@ use super::{Place, Store, transfer_blocking};
 use crate::master_link::MasterLink;
 use crate::read_cache::Located;
 use crate::region::Region;
-use crate::transfer::{Transfer, seam};
+use crate::transfer::seam::{self, Direction};
+use crate::transfer::Transfer;
 
 impl Store {
     /// Copies the object into `dest`, which must be at least as large (else
@@ -358,22 +359,27 @@ impl Store {
                 offset,
                 grant,
             } => transfer_blocking(|| {
-                pieces
-                    .iter()
-                    .try_for_each(|(at, dest)| match dest.mapped() {
-                        Some(slice) => {
-                            self.peers
-                                .read(endpoint, segment, offset + at, grant, slice)
-                        }
-                        // Declared or GPU memory: received into a bounce buffer, then
-                        // copied over.
+                pieces.iter().try_for_each(|(at, dest)| {
+                    let read = |local: &MemSlice| {
+                        let transfer = Transfer {
+                            segment,
+                            offset: offset + at,
+                            grant,
+                            local,
+                        };
+                        self.transport.run_one(endpoint, Direction::Read, transfer)
+                    };
+                    match dest.mapped() {
+                        Some(slice) => read(slice),
+                        // Declared or GPU memory: received into a bounce buffer,
+                        // then copied over.
                         None => {
                             let bounce = self.bounce.take(dest.len(), dest.device_api())?;
-                            self.peers
-                                .read(endpoint, segment, offset + at, grant, &bounce)?;
+                            read(&bounce)?;
                             dest.fill_from(&bounce)
                         }
-                    })
+                    }
+                })
             }),
         }
     }

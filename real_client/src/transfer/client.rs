@@ -100,43 +100,6 @@ impl TransferClient {
         }
     }
 
-    /// Copies `dest.len()` bytes at `offset` of the peer's segment into `dest`, under
-    /// the master's `grant`.
-    pub fn read(
-        &self,
-        endpoint: &str,
-        segment: u64,
-        offset: u64,
-        grant: Option<GrantedRange>,
-        dest: &MemSlice,
-    ) -> CodeResult<()> {
-        let transfer = Transfer {
-            segment,
-            offset,
-            grant,
-            local: dest,
-        };
-        first(self.pipelined(endpoint, Op::Read, &[transfer], super::seam::deadline()))
-    }
-
-    /// Copies `source` into the peer's segment at `offset`, under the master's `grant`.
-    pub fn write(
-        &self,
-        endpoint: &str,
-        segment: u64,
-        offset: u64,
-        grant: Option<GrantedRange>,
-        source: &MemSlice,
-    ) -> CodeResult<()> {
-        let transfer = Transfer {
-            segment,
-            offset,
-            grant,
-            local: source,
-        };
-        first(self.pipelined(endpoint, Op::Write, &[transfer], super::seam::deadline()))
-    }
-
     /// Sends the transfers a window at a time on one connection (requests go out
     /// before their answers are read); windows that would start after `deadline`
     /// fail, and no socket waits past it.
@@ -324,14 +287,6 @@ impl Transport for TransferClient {
         };
         self.pipelined(peer, op, transfers, deadline)
     }
-}
-
-/// The only result of a batch of one.
-fn first(results: Vec<CodeResult<()>>) -> CodeResult<()> {
-    results
-        .into_iter()
-        .next()
-        .unwrap_or(Err(ErrorCode::TRANSFER_FAIL))
 }
 
 /// Logs a failed disk read from a peer; its error code.

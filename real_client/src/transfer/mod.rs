@@ -1,21 +1,18 @@
-//! The TCP transfer engine: moves bytes between this node's memory (its segment, or a
-//! dummy's shared memory) and another real client's segment.
+//! The transfer engine: moves bytes between this node's memory (its segment, or a
+//! dummy's shared memory) and other real clients' segments.
 //!
-//! Each real client serves reads and writes into its own segment to its peers
-//! ([`server`]); to reach a peer it keeps a pool of connections ([`client`]), so
-//! concurrent transfers use several connections. A transfer is one request followed by
-//! the whole payload, streamed straight from or into the mapped memory: no round trip
-//! per chunk. Batches are pipelined: a window of requests leaves in one vectored send,
-//! the server reads them through a small buffer ([`stream`]) and sends its answers
-//! together once no further request is waiting. Every connection is prepared by
-//! [`tuning`]: TCP_NODELAY, and the congestion control of `--transfer_tcp_congestion`.
+//! The store sees one [`Transport`] ([`seam`]), chosen at startup: TCP
+//! ([`TransferClient`]) or one-sided RDMA ([`rdma`]). Each real client also serves its
+//! own segment to its peers over TCP ([`server`]): reads and writes, reads of its SSD
+//! tier, and the exchange that connects an RDMA queue pair.
 //!
-//! ```text
-//! request  := magic "MCTE" | op u8 (1 read, 2 write) | 0 u8 x3 | segment u64 LE
-//!             | offset u64 LE | len u64 LE          (32 bytes; a write's payload follows)
-//! response := status i32 LE (0 or a negative ErrorCode) | 0 u32 | len u64 LE
-//!             (16 bytes; a successful read's payload follows)
-//! ```
+//! Over TCP, a transfer is one request followed by the whole payload, streamed straight
+//! from or into the mapped memory: no round trip per chunk. The client keeps a pool of
+//! connections per peer ([`client`]); batches are pipelined: a window of requests leaves
+//! in one vectored send, the server reads them through a small buffer ([`stream`]) and
+//! sends its answers together once no further request is waiting. Every connection is
+//! prepared by [`tuning`]: TCP_NODELAY, and the congestion control of
+//! `--transfer_tcp_congestion`. The frames are in [`wire`].
 
 pub mod client;
 pub mod rdma;
@@ -42,8 +39,23 @@ mod tests {
     use mooncake_core::protocol::auth::ClusterSecret;
     use mooncake_core::protocol::grant::{Access, GrantedRange, Scope, now_secs};
 
+    use super::seam::{Direction, Transfer, Transport};
     use super::server::ServedSegment;
     use super::{TransferClient, TransferServer};
+
+    fn at(
+        segment: u64,
+        offset: u64,
+        grant: Option<GrantedRange>,
+        local: &MemSlice,
+    ) -> Transfer<'_> {
+        Transfer {
+            segment,
+            offset,
+            grant,
+            local,
+        }
+    }
 
     const SEGMENT_ID: u64 = 7;
 
@@ -98,7 +110,11 @@ mod tests {
                 let dest = memory(4096).slice(0, 4096).expect("slice");
                 let started = std::time::Instant::now();
                 TransferClient::default()
-                    .read(&endpoint, SEGMENT_ID, 4096, None, &dest)
+                    .run_one(
+                        &endpoint,
+                        Direction::Read,
+                        at(SEGMENT_ID, 4096, None, &dest),
+                    )
                     .map(|()| (dest.to_vec(), started.elapsed()))
             })
         };
@@ -113,10 +129,14 @@ mod tests {
         held.fail(0, 4096);
         let dest = memory(4096).slice(0, 4096).expect("slice");
         let client = TransferClient::default();
-        assert!(client.read(&endpoint, SEGMENT_ID, 0, None, &dest).is_err());
+        assert!(
+            client
+                .run_one(&endpoint, Direction::Read, at(SEGMENT_ID, 0, None, &dest))
+                .is_err()
+        );
         drop(held);
         client
-            .read(&endpoint, SEGMENT_ID, 0, None, &dest)
+            .run_one(&endpoint, Direction::Read, at(SEGMENT_ID, 0, None, &dest))
             .expect("released");
     }
 
@@ -150,28 +170,48 @@ mod tests {
         };
         let write = granted(Access::Write, 4096, 8192);
         assert_eq!(
-            client.write(&endpoint, SEGMENT_ID, 4096, write, &bytes),
+            client.run_one(
+                &endpoint,
+                Direction::Write,
+                at(SEGMENT_ID, 4096, write, &bytes)
+            ),
             Ok(())
         );
         let dest = memory(8192).slice(0, 8192).expect("slice");
         let read = granted(Access::Read, 4096, 8192);
         assert_eq!(
-            client.read(&endpoint, SEGMENT_ID, 4096, read, &dest),
+            client.run_one(
+                &endpoint,
+                Direction::Read,
+                at(SEGMENT_ID, 4096, read, &dest)
+            ),
             Ok(())
         );
         assert_eq!(dest.to_vec(), bytes.to_vec());
         // A member without a grant, or with one for other bytes, reaches nothing.
         let other = memory(8192).slice(0, 8192).expect("slice");
         assert_eq!(
-            client.read(&endpoint, SEGMENT_ID, 65536, None, &other),
+            client.run_one(
+                &endpoint,
+                Direction::Read,
+                at(SEGMENT_ID, 65536, None, &other)
+            ),
             Err(ErrorCode::ILLEGAL_CLIENT)
         );
         assert_eq!(
-            client.read(&endpoint, SEGMENT_ID, 65536, read, &other),
+            client.run_one(
+                &endpoint,
+                Direction::Read,
+                at(SEGMENT_ID, 65536, read, &other)
+            ),
             Err(ErrorCode::ILLEGAL_CLIENT)
         );
         assert_eq!(
-            client.write(&endpoint, SEGMENT_ID, 4096, read, &other),
+            client.run_one(
+                &endpoint,
+                Direction::Write,
+                at(SEGMENT_ID, 4096, read, &other)
+            ),
             Err(ErrorCode::ILLEGAL_CLIENT),
             "a read grant does not allow writing"
         );
@@ -180,7 +220,11 @@ mod tests {
             g
         });
         assert_eq!(
-            client.read(&endpoint, SEGMENT_ID, 65536, forged, &other),
+            client.run_one(
+                &endpoint,
+                Direction::Read,
+                at(SEGMENT_ID, 65536, forged, &other)
+            ),
             Err(ErrorCode::ILLEGAL_CLIENT)
         );
         let expired = Some(GrantedRange {
@@ -197,7 +241,11 @@ mod tests {
             ),
         });
         assert_eq!(
-            client.read(&endpoint, SEGMENT_ID, 4096, expired, &other),
+            client.run_one(
+                &endpoint,
+                Direction::Read,
+                at(SEGMENT_ID, 4096, expired, &other)
+            ),
             Err(ErrorCode::LEASE_EXPIRED)
         );
         assert!(other.to_vec().iter().all(|b| *b == 0), "nothing was sent");

@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use mooncake_core::error::CodeResult;
+use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::protocol::grant::GrantedRange;
 use mooncake_shm::MemSlice;
 
@@ -77,6 +77,14 @@ pub trait Transport: Send + Sync + std::fmt::Debug {
         deadline: Instant,
     ) -> Vec<CodeResult<()>> {
         self.run(peer, Direction::Read, transfers, deadline)
+    }
+
+    /// One transfer in `direction`, with the default deadline.
+    fn run_one(&self, peer: &str, direction: Direction, transfer: Transfer<'_>) -> CodeResult<()> {
+        self.run(peer, direction, std::slice::from_ref(&transfer), deadline())
+            .into_iter()
+            .next()
+            .unwrap_or(Err(ErrorCode::TRANSFER_FAIL))
     }
 
     /// Copies every transfer's local memory into the peer's segment.
