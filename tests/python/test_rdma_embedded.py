@@ -46,7 +46,7 @@ WORKER = textwrap.dedent(
     assert all(c == 0 for c in codes), codes
     dest = (ctypes.c_ubyte * (size * count))()
     dbase = ctypes.addressof(dest)
-    assert b.register_buffer(dbase, size * count) == 0
+    assert a.register_buffer(dbase, size * count) == 0
     got = a.batch_get_into(keys, [dbase + i * size for i in range(count)], [size] * count)
     assert all(g == size for g in got), got
     assert bytes(dest) == bytes(source), "bytes read back over RDMA differ"

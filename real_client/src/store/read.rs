@@ -28,8 +28,8 @@ use super::{Place, Store, transfer_blocking};
 use crate::master_link::MasterLink;
 use crate::read_cache::Located;
 use crate::region::Region;
-use crate::transfer::seam::{self, Direction};
 use crate::transfer::Transfer;
+use crate::transfer::seam::{self, Direction};
 
 impl Store {
     /// Copies the object into `dest`, which must be at least as large (else

@@ -17,6 +17,7 @@
 pub mod client;
 pub mod rdma;
 pub mod seam;
+pub mod served;
 pub mod server;
 mod stream;
 pub mod tuning;

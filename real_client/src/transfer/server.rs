@@ -2,45 +2,27 @@
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use mooncake_core::error::ErrorCode;
 use mooncake_core::protocol::auth::{self, ClusterSecret};
 use mooncake_core::protocol::grant::{Access, GrantError, Scope, now_secs};
-use mooncake_shm::{MemSlice, Outgoing, SharedMemory, send_vectored};
+use mooncake_shm::{MemSlice, Outgoing, send_vectored};
 
 use super::rdma::exchange::{self, Offer};
 use super::rdma::node::RdmaNode;
+pub use super::served::ServedSegment;
 use super::stream::BufferedStream;
 use super::tuning::Congestion;
 use super::wire::{Op, REQUEST_LEN, Request, WireError, encode_response};
 use crate::disk::DiskTier;
-use crate::writes_in_flight::WritesInFlight;
 
 /// The transfer listener of one real client.
 #[derive(Debug)]
 pub struct TransferServer {
     address: SocketAddr,
     stop: Arc<AtomicBool>,
-}
-
-/// What the server serves: the segment and its current id at the master (it changes
-/// when the segment is mounted again).
-#[derive(Debug)]
-pub struct ServedSegment {
-    /// The memory.
-    pub memory: Arc<SharedMemory>,
-    /// Current segment id (0 while not mounted).
-    pub id: AtomicU64,
-    /// False for a pure client (`--global_segment_size=0`): it mounts nothing and
-    /// every object it writes lives on other nodes.
-    pub contributes: bool,
-    /// The segment's name at the master (disk-read grants name it).
-    pub name: String,
-    /// Writes whose keys may be readable before their bytes are copied: every read of
-    /// the memory settles with them first.
-    pub writes: WritesInFlight,
 }
 
 impl TransferServer {

@@ -8,7 +8,7 @@ use mooncake_core::error::ErrorCode;
 use mooncake_rdma::{Device, MemoryRegion, QueuePair, RdmaError, Reach};
 
 use super::exchange::{Acceptance, Offer};
-use crate::transfer::server::ServedSegment;
+use crate::transfer::served::ServedSegment;
 
 /// Work requests outstanding at once on one queue pair.
 pub const QUEUE_DEPTH: u32 = mooncake_rdma::queue_pair::DEFAULT_DEPTH;
