@@ -187,8 +187,9 @@ impl DummyClient {
         })
     }
 
-    /// The RPC client, reconnecting first if the link is down and its backoff elapsed.
-    fn rpc(&self) -> CodeResult<RealClient> {
+    /// The RPC client and the real client instance it reaches, reconnecting first if
+    /// the link is down and its backoff elapsed.
+    fn rpc(&self) -> CodeResult<(RealClient, u128)> {
         let mut link = self.inner.link.lock();
         if let Link::Up(connected) = &*link
             && connected.peer_hung_up()
@@ -216,26 +217,54 @@ impl DummyClient {
             }
         }
         match &*link {
-            Link::Up(connected) => Ok(connected.rpc.clone()),
+            Link::Up(connected) => Ok((connected.rpc.clone(), connected.instance_id)),
             _ => Err(ErrorCode::RPC_FAIL),
         }
     }
 
-    /// Runs one RPC to completion on the caller's thread.
-    pub(crate) fn call<T, F>(
-        &self,
-        timeout: Duration,
-        make: impl FnOnce(RealClient, context::Context) -> F,
-    ) -> CodeResult<T>
-    where
-        F: std::future::Future<Output = Result<T, RpcError>>,
-    {
-        if self.inner.closed.load(Ordering::Acquire) {
-            return Err(ErrorCode::RPC_FAIL);
+    /// After a call to `instance` failed in transport: connects again at once (waiting
+    /// up to the handshake's deadline for a process that is taking over) and answers
+    /// the new RPC client when the same instance answers, handed over to a new process
+    /// (`mooncake_client --takeover`): the old process answered every request it
+    /// served, so the failed call was not served and may go again. A real client that
+    /// restarted (a new instance) gets no second call.
+    fn after_handover(&self, instance: u128) -> Option<RealClient> {
+        if self.inner.target.is_in_process() || self.inner.closed.load(Ordering::Acquire) {
+            return None;
         }
-        let rpc = self.rpc()?;
-        let call = make(rpc, deadline(timeout));
-        let outcome = if self.inner.target.is_in_process() {
+        let mut link = self.inner.link.lock();
+        if let Link::Up(connected) = &*link
+            && !connected.peer_hung_up()
+        {
+            // Another call reconnected meanwhile.
+            return (connected.instance_id == instance).then(|| connected.rpc.clone());
+        }
+        let offers = self.inner.memory.lock().offers();
+        let _guard = self.inner.runtime.enter();
+        let connected = match self.inner.target.connect(&self.inner.identity, &offers) {
+            Ok(connected) => connected,
+            Err(error) => {
+                tracing::debug!(%error, "reconnect after a failed call failed");
+                link.fail();
+                return None;
+            }
+        };
+        self.redeclare(&connected);
+        let same = connected.instance_id == instance;
+        if same {
+            tracing::info!(target = %self.inner.target, "the real client was handed over to a new process; the interrupted call goes again");
+        }
+        let rpc = connected.rpc.clone();
+        *link = Link::Up(connected);
+        same.then_some(rpc)
+    }
+
+    /// Runs one call's future on the caller's thread, as the link wants it.
+    fn run<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, RpcError>>,
+    ) -> Result<T, RpcError> {
+        if self.inner.target.is_in_process() {
             crate::connection::run_in_process(call)
         } else if self.inner.spin.is_zero() {
             self.inner.runtime.block_on(call)
@@ -244,18 +273,50 @@ impl DummyClient {
             self.inner
                 .runtime
                 .block_on(crate::spin::spin_then_wait(call, spin))
-        };
-        match outcome {
+        }
+    }
+
+    /// Counts a failed call and marks the link down after a transport failure; the
+    /// call's error code.
+    fn failed(&self, error: &RpcError) -> ErrorCode {
+        if !matches!(error, RpcError::Server(_)) {
+            self.inner.calls_in_doubt.fetch_add(1, Ordering::AcqRel);
+        }
+        if !matches!(error, RpcError::DeadlineExceeded | RpcError::Server(_)) {
+            self.inner.link.lock().fail();
+        }
+        rpc_code(error)
+    }
+
+    /// Runs one RPC to completion on the caller's thread. `make` builds the call; it
+    /// runs a second time only when the first failed in transport while the real
+    /// client was handed over to a new process (see `after_handover`).
+    pub(crate) fn call<T, F>(
+        &self,
+        timeout: Duration,
+        make: impl Fn(RealClient, context::Context) -> F,
+    ) -> CodeResult<T>
+    where
+        F: std::future::Future<Output = Result<T, RpcError>>,
+    {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(ErrorCode::RPC_FAIL);
+        }
+        let (rpc, instance) = self.rpc()?;
+        match self.run(make(rpc, deadline(timeout))) {
             Ok(value) => Ok(value),
-            Err(error) => {
-                if !matches!(error, RpcError::Server(_)) {
-                    self.inner.calls_in_doubt.fetch_add(1, Ordering::AcqRel);
-                }
-                if !matches!(error, RpcError::DeadlineExceeded | RpcError::Server(_)) {
-                    self.inner.link.lock().fail();
-                }
-                Err(rpc_code(&error))
+            Err(error @ (RpcError::DeadlineExceeded | RpcError::Server(_))) => {
+                Err(self.failed(&error))
             }
+            Err(error) => match self.after_handover(instance) {
+                Some(rpc) => self
+                    .run(make(rpc, deadline(timeout)))
+                    .map_err(|error| self.failed(&error)),
+                None => {
+                    self.inner.calls_in_doubt.fetch_add(1, Ordering::AcqRel);
+                    Err(rpc_code(&error))
+                }
+            },
         }
     }
 
@@ -265,7 +326,7 @@ impl DummyClient {
         &self,
         count: usize,
         timeout: Duration,
-        make: impl FnOnce(RealClient, context::Context) -> F,
+        make: impl Fn(RealClient, context::Context) -> F,
     ) -> Vec<CodeResult<T>>
     where
         F: std::future::Future<Output = Result<Vec<CodeResult<T>>, RpcError>>,
@@ -288,7 +349,7 @@ impl DummyClient {
         make: impl Fn(RealClient, context::Context, Batch<I>) -> F,
     ) -> Vec<CodeResult<T>>
     where
-        I: Elements,
+        I: Elements + Clone,
         F: std::future::Future<Output = Result<Vec<CodeResult<T>>, RpcError>>,
     {
         let mut results = Vec::with_capacity(items.len());
@@ -297,8 +358,9 @@ impl DummyClient {
                 Chunk::Request(items) => {
                     let count = items.len();
                     let batch = Batch(items);
-                    results
-                        .extend(self.call_batch(count, timeout, |rpc, ctx| make(rpc, ctx, batch)));
+                    results.extend(
+                        self.call_batch(count, timeout, |rpc, ctx| make(rpc, ctx, batch.clone())),
+                    );
                 }
                 Chunk::Oversized => results.push(Err(ErrorCode::INVALID_PARAMS)),
             }

@@ -37,8 +37,9 @@ impl DummyClient {
     /// Size of the object under `key`.
     pub fn get_size(&self, key: &str) -> CodeResult<u64> {
         let key = key.to_string();
-        self.call(CONTROL_DEADLINE, |rpc, ctx| async move {
-            rpc.object_size(ctx, key).await
+        self.call(CONTROL_DEADLINE, |rpc, ctx| {
+            let key = key.clone();
+            async move { rpc.object_size(ctx, key).await }
         })?
     }
 
@@ -100,8 +101,9 @@ impl DummyClient {
     /// returns how many were removed.
     pub fn remove_by_regex(&self, pattern: &str, force: bool) -> CodeResult<u64> {
         let pattern = pattern.to_string();
-        self.call(CONTROL_DEADLINE, |rpc, ctx| async move {
-            rpc.remove_by_regex(ctx, pattern, force).await
+        self.call(CONTROL_DEADLINE, |rpc, ctx| {
+            let pattern = pattern.clone();
+            async move { rpc.remove_by_regex(ctx, pattern, force).await }
         })?
     }
 
@@ -116,16 +118,18 @@ impl DummyClient {
     /// that is not mounted is `SEGMENT_NOT_FOUND` at once.
     pub fn create_copy_task(&self, key: &str, targets: &[String]) -> CodeResult<u128> {
         let (key, targets) = (key.to_string(), targets.to_vec());
-        self.call(CONTROL_DEADLINE, |rpc, ctx| async move {
-            rpc.create_copy_task(ctx, key, targets.into()).await
+        self.call(CONTROL_DEADLINE, |rpc, ctx| {
+            let (key, targets) = (key.clone(), targets.clone());
+            async move { rpc.create_copy_task(ctx, key, targets.into()).await }
         })?
     }
 
     /// Asks to move `key`'s replica from segment `source` to `target`; returns the task id.
     pub fn create_move_task(&self, key: &str, source: &str, target: &str) -> CodeResult<u128> {
         let (key, source, target) = (key.to_string(), source.to_string(), target.to_string());
-        self.call(CONTROL_DEADLINE, |rpc, ctx| async move {
-            rpc.create_move_task(ctx, key, source, target).await
+        self.call(CONTROL_DEADLINE, |rpc, ctx| {
+            let (key, source, target) = (key.clone(), source.clone(), target.clone());
+            async move { rpc.create_move_task(ctx, key, source, target).await }
         })?
     }
 

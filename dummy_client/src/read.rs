@@ -384,8 +384,9 @@ impl DummyClient {
         }];
         let before = self.calls_in_doubt();
         let read = self
-            .call_batch(1, DATA_DEADLINE, |rpc, ctx| async move {
-                rpc.get(ctx, request.into()).await
+            .call_batch(1, DATA_DEADLINE, |rpc, ctx| {
+                let request = request.clone();
+                async move { rpc.get(ctx, request.into()).await }
             })
             .into_iter()
             .next()
@@ -410,8 +411,9 @@ impl DummyClient {
     /// Reads `key` inside the RPC reply (no shared memory free for it).
     fn get_inline<R>(&self, key: &str, consume: impl FnOnce(&[u8]) -> R) -> CodeResult<R> {
         let key = key.to_string();
-        let bytes = self.call(DATA_DEADLINE, |rpc, ctx| async move {
-            rpc.get_inline(ctx, key).await
+        let bytes = self.call(DATA_DEADLINE, |rpc, ctx| {
+            let key = key.clone();
+            async move { rpc.get_inline(ctx, key).await }
         })??;
         Ok(consume(&bytes))
     }

@@ -89,6 +89,7 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
         .env("MOONCAKE_TENANT_ID"),
     FlagSpec::value("offload_path", None, "SSD tier directory; overrides MOONCAKE_OFFLOAD_FILE_STORAGE_PATH").ours(),
     FlagSpec::boolean("enable_offload", false, "enable the SSD tier (settings: MOONCAKE_OFFLOAD_*)").env("MOONCAKE_OFFLOAD_ENABLED"),
+    FlagSpec::boolean("takeover", false, "take over the mooncake_client serving the same --port (planned handover: the new process keeps the segment, its objects and the sockets; see docs/deployment.md)").ours(),
     FlagSpec::boolean("offload_on_evict", false, "with --enable_offload and the embedded master: write objects to the SSD tier when they are chosen for eviction, not when written").ours(),
 ];
 
@@ -179,6 +180,9 @@ pub struct RealClientConfig {
     /// Whether `--readiness_port` was given: then a busy port stops startup (the
     /// default port, when busy, is only warned about).
     pub readiness_port_asked: bool,
+    /// `--takeover`: take over the real client serving the same socket instead of
+    /// starting anew ([`crate::handover`]).
+    pub takeover: bool,
     /// Loopback port on which the embedded master's HTTP endpoints are served
     /// (`--metrics_port`; `None`: not served).
     pub master_http_port: Option<u16>,
@@ -372,6 +376,7 @@ impl RealClientConfig {
                 None => port,
             },
             readiness_port_asked: flags.number::<u16>("readiness_port")?.is_some(),
+            takeover: flags.bool("takeover")?,
             master_http_port,
             metadata_http_port,
             transfer_port: flags.number("transfer_port")?.unwrap_or(0),

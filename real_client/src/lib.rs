@@ -25,6 +25,7 @@ mod declared;
 mod device_buffers;
 mod disk;
 mod disk_staging;
+mod handover;
 mod handshake;
 mod hard_pins;
 pub mod in_process;
@@ -98,6 +99,12 @@ pub enum StartError {
         "the master refused to mount the global segment: {0}; check --master_server_address and that mooncake_master runs"
     )]
     Mount(mooncake_core::ErrorCode),
+    /// The handover socket could not be bound.
+    #[error("cannot listen for a handover: {0}")]
+    Handover(std::io::Error),
+    /// Taking over a running real client failed.
+    #[error("{0}")]
+    Takeover(#[from] handover::taking::TakeoverError),
     /// The transfer engine's port could not be bound.
     #[error("cannot start the transfer engine: {0}; check --host and --transfer_port")]
     Transfer(std::io::Error),
@@ -156,7 +163,9 @@ pub struct RealClient {
     /// The embedded master's TCP server and maintenance (embedded mode only).
     embedded_master: Option<EmbeddedMaster>,
     /// Serves peers' reads and writes into our segment.
-    _transfer: TransferServer,
+    transfer: TransferServer,
+    /// Where a new process asks to take over (see [`handover`]).
+    handover: Option<std::os::unix::net::UnixListener>,
     /// Our id at the master.
     client_id: u128,
     /// Where peers reach our transfer engine.
@@ -168,8 +177,14 @@ pub struct RealClient {
 struct EmbeddedMaster {
     /// Its maintenance, and its TCP server when served on loopback.
     running: RunningMaster,
+    /// The service itself (its objects are handed over with the node).
+    service: Arc<MasterService>,
     /// The secret file local processes read; removed on drop.
-    _secret_file: Option<auth::LocalSecretFile>,
+    secret_file: Option<auth::LocalSecretFile>,
+    /// The loopback listener, kept to hand it to a new process.
+    listener: Option<std::os::fd::OwnedFd>,
+    /// The secret its connections prove (to serve it again after a failed handover).
+    secret: Arc<ClusterSecret>,
 }
 
 /// Starts the embedded master: its maintenance loop, and (when a port is set) its TCP
@@ -190,13 +205,7 @@ async fn start_embedded_master(
                 Arc::new(ClusterSecret::random("this process only").map_err(StartError::Secret)?)
             }
         };
-        let mut running = RunningMaster::unserved(master);
-        serve_master_http(config, &mut running).await?;
-        let embedded = EmbeddedMaster {
-            running,
-            _secret_file: None,
-        };
-        return Ok((embedded, secret));
+        return unserved_embedded_master(config, master, secret).await;
     }
     let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let listener = tokio::net::TcpListener::bind(address)
@@ -210,21 +219,61 @@ async fn start_embedded_master(
             (Arc::new(secret), Some(file))
         }
     };
+    serve_embedded_master(config, master, listener, secret, secret_file).await
+}
+
+/// The embedded master without a TCP server: nobody else can reach it.
+async fn unserved_embedded_master(
+    config: &RealClientConfig,
+    master: Arc<MasterService>,
+    secret: Arc<ClusterSecret>,
+) -> Result<(EmbeddedMaster, Arc<ClusterSecret>), StartError> {
+    let mut running = RunningMaster::unserved(Arc::clone(&master));
+    serve_master_http(config, &mut running).await?;
+    let embedded = EmbeddedMaster {
+        running,
+        service: master,
+        secret_file: None,
+        listener: None,
+        secret: Arc::clone(&secret),
+    };
+    Ok((embedded, secret))
+}
+
+/// Serves the embedded master on `listener` (loopback) to processes that prove `secret`.
+async fn serve_embedded_master(
+    config: &RealClientConfig,
+    master: Arc<MasterService>,
+    listener: tokio::net::TcpListener,
+    secret: Arc<ClusterSecret>,
+    secret_file: Option<auth::LocalSecretFile>,
+) -> Result<(EmbeddedMaster, Arc<ClusterSecret>), StartError> {
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+    let kept = {
+        use std::os::fd::AsFd;
+        listener
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| StartError::EmbeddedMasterPort { port, source })?
+    };
     // The transfer engines that join this master check its grants. A master nobody
     // else can reach (port 0, above) has no peers to grant anything to: its reads skip
     // the signing.
     master.sign_transfers(Arc::clone(&secret));
     let mut running =
-        RunningMaster::serve(master, listener, Some(Arc::clone(&secret))).map_err(|error| {
-            StartError::EmbeddedMasterPort {
+        RunningMaster::serve(Arc::clone(&master), listener, Some(Arc::clone(&secret))).map_err(
+            |error| StartError::EmbeddedMasterPort {
                 port,
                 source: std::io::Error::other(error.to_string()),
-            }
-        })?;
+            },
+        )?;
     serve_master_http(config, &mut running).await?;
     let embedded = EmbeddedMaster {
         running,
-        _secret_file: secret_file,
+        service: master,
+        secret_file,
+        listener: Some(kept),
+        secret: Arc::clone(&secret),
     };
     Ok((embedded, secret))
 }
@@ -406,6 +455,34 @@ fn open_rdma(
         .map_err(StartError::Rdma)
 }
 
+/// The store over `master` and `served`, reaching peers over RDMA when `rdma` is
+/// open, else over TCP.
+fn store_for(
+    config: &RealClientConfig,
+    master: MasterLink,
+    served: Arc<ServedSegment>,
+    disk: Option<Arc<disk::DiskTier>>,
+    rdma: Option<Arc<RdmaNode>>,
+    secret: Option<Arc<ClusterSecret>>,
+) -> Store {
+    let peers = Arc::new(TransferClient::new(
+        config.transfer_congestion.clone(),
+        secret,
+    ));
+    let transport: Arc<dyn Transport> = match rdma {
+        Some(node) => Arc::new(RdmaTransport::new(node, Arc::clone(&peers))),
+        None => Arc::clone(&peers) as Arc<dyn Transport>,
+    };
+    Store::new(
+        master,
+        served,
+        config.segment_name(),
+        disk,
+        transport,
+        peers,
+    )
+}
+
 /// What the RPC handlers share: the store, the limits on dummies, the counters.
 async fn server_state(
     config: &RealClientConfig,
@@ -443,6 +520,7 @@ async fn server_state(
             max_bytes_per_dummy: config.read_lease_quota(),
             ttl: read_lease_ttl,
         },
+        drain: tokio::sync::watch::Sender::new(false),
     }
 }
 
@@ -451,10 +529,19 @@ impl RealClient {
     /// socket; serving dummies starts with [`serve`](Self::serve). Must run inside a
     /// multi-threaded tokio runtime.
     pub async fn start(config: RealClientConfig) -> Result<Self, StartError> {
+        if config.takeover {
+            return Self::take_over(config).await;
+        }
         let started = Instant::now();
         // Bind first: a second instance on the same socket must fail before it
         // allocates gigabytes of segment.
         let listener = config.socket.as_ref().map(server::bind).transpose()?;
+        let handover = config
+            .socket
+            .as_ref()
+            .map(|socket| handover::giving::listen(&handover::socket_for(socket)))
+            .transpose()
+            .map_err(StartError::Handover)?;
         let readiness = readiness::bind(config.readiness_port, config.readiness_port_asked)
             .await
             .map_err(|source| StartError::HttpPort {
@@ -494,22 +581,7 @@ impl RealClient {
             disk.as_deref(),
         )
         .await?;
-        let peers = Arc::new(TransferClient::new(
-            config.transfer_congestion.clone(),
-            chosen.secret,
-        ));
-        let transport: Arc<dyn Transport> = match rdma {
-            Some(node) => Arc::new(RdmaTransport::new(node, Arc::clone(&peers))),
-            None => Arc::clone(&peers) as Arc<dyn Transport>,
-        };
-        let store = Store::new(
-            master,
-            served,
-            config.segment_name(),
-            disk,
-            transport,
-            peers,
-        );
+        let store = store_for(&config, master, served, disk, rdma, chosen.secret);
         let state = Arc::new(server_state(&config, instance_id, store, started).await);
         let (shutdown, _) = watch::channel(false);
         Ok(RealClient {
@@ -519,7 +591,8 @@ impl RealClient {
             readiness,
             config,
             embedded_master: chosen.embedded,
-            _transfer: transfer,
+            transfer,
+            handover,
             client_id: chosen.client_id,
             endpoint,
         })
@@ -566,27 +639,11 @@ impl RealClient {
             startup_ms = self.state.started.elapsed().as_millis(),
             "mooncake_client serving"
         );
-        let heartbeat = self.state.store.master().is_remote().then(|| {
-            tokio::spawn(liveness::heartbeat(
-                Arc::clone(&self.state),
-                self.client_id,
-                self.endpoint.clone(),
-                self.shutdown.subscribe(),
-            ))
+        let mut background = self.spawn_background();
+        let readiness_copy = readiness.as_ref().and_then(|listener| {
+            use std::os::fd::AsFd;
+            listener.as_fd().try_clone_to_owned().ok()
         });
-        let offload = self.state.store.disk().map(|disk| {
-            tokio::spawn(offload_loop::offload_loop(
-                Arc::clone(disk),
-                Arc::clone(&self.state.store),
-                self.client_id,
-                self.shutdown.subscribe(),
-            ))
-        });
-        let tasks = tokio::spawn(tasks::execute(
-            Arc::clone(&self.state),
-            self.client_id,
-            self.shutdown.subscribe(),
-        ));
         let readiness = readiness.map(|listener| {
             tokio::spawn(mooncake_core::http::serve_listener(
                 listener,
@@ -597,23 +654,49 @@ impl RealClient {
             let address = std::net::SocketAddr::new(config.http_host, port);
             tokio::spawn(status_http::serve(address, Arc::clone(&self.state)))
         });
-        let mut shutdown = self.shutdown.subscribe();
-        match listener {
-            Some(listener) => server::serve(listener, Arc::clone(&self.state), shutdown).await,
-            None => {
+        let (ask, mut asks) = tokio::sync::mpsc::channel(1);
+        let asks_task = self
+            .handover
+            .as_ref()
+            .and_then(|listener| listener.try_clone().ok())
+            .map(|listener| tokio::spawn(handover::giving::take_asks(listener, ask)));
+        let mut listener = listener;
+        let handed_over = loop {
+            let shutdown = self.shutdown.subscribe();
+            let Some(dummies) = listener.take() else {
+                let mut shutdown = shutdown;
                 let _ = shutdown.wait_for(|stop| *stop).await;
+                break Some(background);
+            };
+            match server::serve(dummies, Arc::clone(&self.state), shutdown, &mut asks).await {
+                server::Served::Stopped => break Some(background),
+                server::Served::HandingOver {
+                    listener: dummies,
+                    asker,
+                } => {
+                    match self
+                        .give(&dummies, asker, background, readiness_copy.as_ref())
+                        .await
+                    {
+                        Ok(()) => break None,
+                        Err(reason) => {
+                            tracing::error!(%reason, "the handover failed; serving on");
+                            self.state.drain.send_replace(false);
+                            background = self.spawn_background();
+                            listener = Some(dummies);
+                        }
+                    }
+                }
             }
-        }
-        if let Some(task) = heartbeat {
-            let _ = task.await;
-        }
-        let _ = tasks.await;
-        if let Some(task) = offload {
-            let _ = task.await;
-        }
-        for task in http.into_iter().chain(readiness) {
+        };
+        for task in http.into_iter().chain(readiness).chain(asks_task) {
             task.abort();
         }
+        let Some(background) = handed_over else {
+            self.leave_to_successor();
+            return;
+        };
+        background.stop().await;
         let store = &self.state.store;
         if let Err(code) = store.master().unmount_client(self.client_id).await {
             tracing::warn!(%code, "unmount at shutdown failed");
@@ -621,10 +704,63 @@ impl RealClient {
         if let Some(embedded) = self.embedded_master.take() {
             embedded.running.stop().await;
         }
-        if let Some(mooncake_core::protocol::address::SocketAddress::Path(path)) = &config.socket {
+        if let Some(socket @ mooncake_core::protocol::address::SocketAddress::Path(path)) =
+            &self.config.socket
+        {
             let _ = std::fs::remove_file(path);
+            if let mooncake_core::protocol::address::SocketAddress::Path(handover) =
+                handover::socket_for(socket)
+            {
+                let _ = std::fs::remove_file(handover);
+            }
         }
         tracing::info!("mooncake_client stopped");
+    }
+
+    /// Starts the work that runs beside serving dummies: heartbeats to a remote
+    /// master, the SSD tier's feeding, copy and move tasks.
+    fn spawn_background(&self) -> Background {
+        let (stop, _) = watch::channel(false);
+        let mut tasks = Vec::new();
+        if self.state.store.master().is_remote() {
+            tasks.push(tokio::spawn(liveness::heartbeat(
+                Arc::clone(&self.state),
+                self.client_id,
+                self.endpoint.clone(),
+                stop.subscribe(),
+            )));
+        }
+        if let Some(disk) = self.state.store.disk() {
+            tasks.push(tokio::spawn(offload_loop::offload_loop(
+                Arc::clone(disk),
+                Arc::clone(&self.state.store),
+                self.client_id,
+                stop.subscribe(),
+            )));
+        }
+        tasks.push(tokio::spawn(tasks::execute(
+            Arc::clone(&self.state),
+            self.client_id,
+            stop.subscribe(),
+        )));
+        Background { stop, tasks }
+    }
+}
+
+/// The work beside serving dummies, and the switch that stops it.
+#[derive(Debug)]
+struct Background {
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Background {
+    /// Stops every task and waits for them.
+    async fn stop(self) {
+        self.stop.send_replace(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
     }
 }
 
@@ -635,11 +771,16 @@ pub async fn run(
 ) -> Result<(), StartError> {
     let client = RealClient::start(config).await?;
     let stop = client.shutdown_handle();
-    let serving = tokio::spawn(client.serve());
-    shutdown.await;
-    tracing::info!("shutdown requested: no longer accepting dummies");
-    stop.send_replace(true);
-    let _ = serving.await;
+    let mut serving = tokio::spawn(client.serve());
+    tokio::select! {
+        () = shutdown => {
+            tracing::info!("shutdown requested: no longer accepting dummies");
+            stop.send_replace(true);
+            let _ = serving.await;
+        }
+        // Serving ended on its own: handed over to a new process.
+        _ = &mut serving => {}
+    }
     Ok(())
 }
 

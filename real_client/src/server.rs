@@ -17,7 +17,7 @@ use mooncake_core::protocol::handshake::{RealFrame, encode_frame};
 use mooncake_core::protocol::rpc::{
     PutSource, RealClientRpc, RealClientRpcRequest, RealClientRpcResponse,
 };
-use mooncake_core::protocol::serving::serve_connection;
+use mooncake_core::protocol::serving::serve_until_drained;
 use mooncake_core::protocol::unix_stream::RpcUnixStream;
 use mooncake_shm::fd_passing::{PeerCredentials, peer_credentials};
 
@@ -120,20 +120,41 @@ pub fn bind(socket: &SocketAddress) -> Result<StdListener, BindError> {
     Ok(listener)
 }
 
-/// Accepts dummies until `shutdown` turns true.
+/// How [`serve`] ended.
+#[derive(Debug)]
+pub enum Served {
+    /// `shutdown` turned true.
+    Stopped,
+    /// A new process asked to take over (see `handover`): no dummy is served any more,
+    /// and the listener is handed back to give away.
+    HandingOver {
+        /// The dummy listener, not accepting.
+        listener: StdListener,
+        /// The asking process.
+        asker: StdStream,
+    },
+}
+
+/// Longest wait for the dummies' connections to drain before a handover goes on.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Accepts dummies until `shutdown` turns true, or until a process that will take
+/// over arrives on `asks`: then the dummies' connections are drained (every request
+/// being served is answered; later ones are left unserved) and the listener returned.
 pub async fn serve(
     listener: StdListener,
     state: Arc<ServerState>,
     mut shutdown: watch::Receiver<bool>,
-) {
+    asks: &mut tokio::sync::mpsc::Receiver<StdStream>,
+) -> Served {
     let listener = match UnixListener::from_std(listener) {
         Ok(listener) => listener,
         Err(error) => {
             tracing::error!(%error, "cannot register the listener with the runtime");
-            return;
+            return Served::Stopped;
         }
     };
-    loop {
+    let asker = loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
@@ -144,9 +165,35 @@ pub async fn serve(
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
-            () = mooncake_core::process::stop_requested(&mut shutdown) => break,
+            Some(asker) = asks.recv() => break asker,
+            () = mooncake_core::process::stop_requested(&mut shutdown) => return Served::Stopped,
         }
+    };
+    let listener = match listener.into_std() {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::error!(%error, "cannot take the dummy listener back from the runtime");
+            return Served::Stopped;
+        }
+    };
+    drain(&state).await;
+    Served::HandingOver { listener, asker }
+}
+
+/// Drains every dummy connection (see [`serve`]) and waits until none is left.
+async fn drain(state: &ServerState) {
+    let started = std::time::Instant::now();
+    let attached = state.sessions.count();
+    state.drain.send_replace(true);
+    while state.sessions.count() > 0 && started.elapsed() < DRAIN_DEADLINE {
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
+    tracing::info!(
+        dummies = attached,
+        left = state.sessions.count(),
+        drain_ms = started.elapsed().as_millis(),
+        "dummy connections drained for a handover"
+    );
 }
 
 /// Serves one accepted connection from handshake to close. The peer's credentials are
@@ -266,12 +313,16 @@ where
         state: Arc::clone(&state),
         session: Arc::clone(&session),
     };
-    serve_connection(
+    let mut drained = state.drain.subscribe();
+    serve_until_drained(
         BaseChannel::with_defaults(transport),
         handler.serve(),
         is_quick,
         |request, serve| {
             tokio::spawn(request.execute(serve));
+        },
+        async move {
+            let _ = drained.wait_for(|drain| *drain).await;
         },
     )
     .await;

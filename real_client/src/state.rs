@@ -71,6 +71,9 @@ pub struct ServerState {
     pub read_leases: ReadLeaseQuota,
     /// Where the master is (`embedded`, `host:port` or `etcd://…`), for status reports.
     pub master_at: String,
+    /// True while the dummies' connections drain for a handover (each session stops
+    /// serving new requests and closes once those in flight are answered).
+    pub drain: tokio::sync::watch::Sender<bool>,
 }
 
 impl ServerState {

@@ -307,6 +307,47 @@ impl RealClientProcess {
         self.spawn();
     }
 
+    /// Starts the same command with `--takeover` (a new process taking this one over)
+    /// and waits until the old process has handed over and exited; answers how long
+    /// that took. Panics when the old process exits with an error or the handover
+    /// does not finish within `limit`.
+    pub fn take_over(&mut self, limit: Duration) -> Duration {
+        let mut old = self.child.take().expect("running");
+        let started = Instant::now();
+        let new = Command::new(binary("mooncake_client"))
+            .args(&self.args)
+            .arg("--takeover")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn mooncake_client --takeover");
+        self.child = Some(new);
+        loop {
+            if let Some(status) = old.try_wait().expect("wait") {
+                assert!(
+                    status.success(),
+                    "the old mooncake_client exited with {status}"
+                );
+                return started.elapsed();
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                let _ = old.kill();
+                panic!("mooncake_client --takeover exited: {status}");
+            }
+            if started.elapsed() > limit {
+                let _ = old.kill();
+                let _ = old.wait();
+                panic!("the handover did not finish within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().expect("running");

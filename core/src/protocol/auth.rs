@@ -500,6 +500,15 @@ pub fn local_master_secret_path(port: u16) -> std::io::Result<PathBuf> {
     Ok(local_secret_dir()?.join(format!("master-{port}.secret")))
 }
 
+/// The secret another process of this user wrote for its embedded master on loopback
+/// `port`, taken over with the master (`mooncake_client --takeover`): the file is
+/// removed when the returned guard drops.
+pub fn adopt_local_master_secret(port: u16) -> Option<(ClusterSecret, LocalSecretFile)> {
+    let secret = find_local_master_secret(&format!("127.0.0.1:{port}"))?;
+    let path = local_master_secret_path(port).ok()?;
+    Some((secret, LocalSecretFile { path }))
+}
+
 /// A fresh secret for the embedded master on loopback `port`, written (mode 0600) where
 /// local processes of this user find it. The file is removed when the guard drops.
 pub fn create_local_master_secret(

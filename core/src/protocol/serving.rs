@@ -24,7 +24,64 @@ pub async fn serve_connection<C, S>(
     channel: C,
     serve: S,
     inline: fn(&C::Req) -> bool,
-    spawn: impl Fn(InFlightRequest<C::Req, C::Resp>, S),
+    spawn: impl Fn(InFlightRequest<C::Req, C::Resp>, Counted<S>),
+) where
+    C: Channel,
+    C::Req: RequestName,
+    S: Serve<Req = C::Req, Resp = C::Resp> + Clone,
+{
+    let never = futures::future::pending::<()>();
+    serve_until_drained(channel, serve, inline, spawn, never).await;
+}
+
+/// A server for one request served in a task of its own: while it lives, the request
+/// counts as in flight for [`serve_until_drained`].
+#[derive(Debug)]
+pub struct Counted<S> {
+    inner: S,
+    _in_flight: InFlight,
+}
+
+/// One request in flight; counted down when dropped (served, or abandoned).
+#[derive(Debug)]
+struct InFlight(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl<S: Serve> Serve for Counted<S> {
+    type Req = S::Req;
+    type Resp = S::Resp;
+
+    async fn serve(
+        self,
+        ctx: tarpc::context::Context,
+        req: Self::Req,
+    ) -> Result<Self::Resp, tarpc::ServerError> {
+        let Counted { inner, _in_flight } = self;
+        let answer = inner.serve(ctx, req).await;
+        drop(_in_flight);
+        answer
+    }
+}
+
+/// How long a drained connection keeps being polled after its last request finished,
+/// so that the answers still queued leave.
+const DRAIN_FLUSH: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// [`serve_connection`], until `drain` completes: from then on requests that arrive
+/// are not served (dropped unanswered), those already being served finish and their
+/// answers are sent, and the connection closes. A peer can therefore tell that a
+/// request left unanswered by a drained connection was never served.
+pub async fn serve_until_drained<C, S>(
+    channel: C,
+    serve: S,
+    inline: fn(&C::Req) -> bool,
+    spawn: impl Fn(InFlightRequest<C::Req, C::Resp>, Counted<S>),
+    drain: impl std::future::Future<Output = ()>,
 ) where
     C: Channel,
     C::Req: RequestName,
@@ -35,7 +92,30 @@ pub async fn serve_connection<C, S>(
             .max_concurrent_requests(MAX_IN_FLIGHT_PER_CONNECTION)
             .requests()
     );
-    while let Some(next) = requests.next().await {
+    let mut drain = std::pin::pin!(drain);
+    let in_flight = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut draining = false;
+    loop {
+        let next = if draining {
+            if in_flight.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                // Everything served is answered once the channel is polled a last time.
+                let _ = tokio::time::timeout(DRAIN_FLUSH, requests.next()).await;
+                break;
+            }
+            match tokio::time::timeout(DRAIN_FLUSH, requests.next()).await {
+                Ok(next) => next,
+                Err(_) => continue,
+            }
+        } else {
+            tokio::select! {
+                next = requests.next() => next,
+                () = &mut drain => {
+                    draining = true;
+                    continue;
+                }
+            }
+        };
+        let Some(next) = next else { break };
         let request = match next {
             Ok(request) => request,
             Err(error) => {
@@ -50,11 +130,21 @@ pub async fn serve_connection<C, S>(
                 break;
             }
         };
+        if draining {
+            // Never served: the peer sends it again where it is served now.
+            drop(request);
+            continue;
+        }
         crate::keep_awake::touch();
         if inline(&request.get().message) {
             request.execute(serve.clone()).await;
         } else {
-            spawn(request, serve.clone());
+            in_flight.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            let counted = Counted {
+                inner: serve.clone(),
+                _in_flight: InFlight(std::sync::Arc::clone(&in_flight)),
+            };
+            spawn(request, counted);
         }
     }
 }

@@ -55,13 +55,16 @@ impl TransferClient {
     }
 
     fn checkout(&self, endpoint: &str) -> CodeResult<BufferedStream> {
-        if let Some(pool) = self.idle.lock().get_mut(endpoint) {
-            pool.retain(|(_, since)| since.elapsed() < POOLED_IDLE_LIMIT);
-            if let Some((stream, _)) = pool.pop() {
-                return Ok(stream);
-            }
-        }
-        self.connect(endpoint)
+        self.pooled(endpoint)
+            .map_or_else(|| self.connect(endpoint), Ok)
+    }
+
+    /// An idle pooled connection to `endpoint`, if there is one.
+    fn pooled(&self, endpoint: &str) -> Option<BufferedStream> {
+        let mut idle = self.idle.lock();
+        let pool = idle.get_mut(endpoint)?;
+        pool.retain(|(_, since)| since.elapsed() < POOLED_IDLE_LIMIT);
+        pool.pop().map(|(stream, _)| stream)
     }
 
     /// A new connection to `endpoint`'s transfer engine (authenticated with the
@@ -119,7 +122,22 @@ impl TransferClient {
                 results.extend(window.iter().map(|_| Err(ErrorCode::TRANSFER_FAIL)));
                 continue;
             };
-            match self.pipeline_window(endpoint, op, window, left.min(IO_TIMEOUT)) {
+            let timeout = left.min(IO_TIMEOUT);
+            // A pooled connection may have died while idle (the peer restarted, or
+            // handed its engine over to a new process): a window that breaks on one
+            // goes again once on a new connection. Transfers are idempotent.
+            let outcome = match self.pooled(endpoint) {
+                Some(stream) => self
+                    .pipeline_window(stream, endpoint, op, window, timeout)
+                    .or_else(|_| {
+                        let stream = self.connect(endpoint)?;
+                        self.pipeline_window(stream, endpoint, op, window, timeout)
+                    }),
+                None => self
+                    .connect(endpoint)
+                    .and_then(|stream| self.pipeline_window(stream, endpoint, op, window, timeout)),
+            };
+            match outcome {
                 Ok(answers) => results.extend(answers),
                 Err(code) => results.extend(window.iter().map(|_| Err(code))),
             }
@@ -133,12 +151,12 @@ impl TransferClient {
     /// dropped; a peer's refusal of one request fails only that one.
     fn pipeline_window(
         &self,
+        mut stream: BufferedStream,
         endpoint: &str,
         op: Op,
         window: &[Transfer<'_>],
         timeout: Duration,
     ) -> CodeResult<Vec<CodeResult<()>>> {
-        let mut stream = self.checkout(endpoint)?;
         let _ = stream.socket().set_read_timeout(Some(timeout));
         let _ = stream.socket().set_write_timeout(Some(timeout));
         let io = |e: std::io::Error| {

@@ -23,6 +23,8 @@ use crate::disk::DiskTier;
 pub struct TransferServer {
     address: SocketAddr,
     stop: Arc<AtomicBool>,
+    /// The listening socket, kept to hand it to a new process (`handover`).
+    listener: TcpListener,
 }
 
 impl TransferServer {
@@ -40,6 +42,21 @@ impl TransferServer {
         rdma: Option<Arc<RdmaNode>>,
     ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(bind)?;
+        Self::start_on(listener, segment, disk, congestion, secret, rdma)
+    }
+
+    /// [`start`](Self::start) on a socket already listening (one handed over by the
+    /// process this one took over from).
+    pub fn start_on(
+        listener: TcpListener,
+        segment: Arc<ServedSegment>,
+        disk: Option<Arc<DiskTier>>,
+        congestion: Congestion,
+        secret: Option<Arc<ClusterSecret>>,
+        rdma: Option<Arc<RdmaNode>>,
+    ) -> std::io::Result<Self> {
+        listener.set_nonblocking(false)?;
+        let kept = listener.try_clone()?;
         let address = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop_flag = Arc::clone(&stop);
@@ -84,7 +101,16 @@ impl TransferServer {
                     }
                 }
             })?;
-        Ok(TransferServer { address, stop })
+        Ok(TransferServer {
+            address,
+            stop,
+            listener: kept,
+        })
+    }
+
+    /// The listening socket, to hand to a new process.
+    pub fn listener(&self) -> &TcpListener {
+        &self.listener
     }
 
     /// The bound address (the real port when 0 was asked).
