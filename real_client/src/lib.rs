@@ -521,6 +521,7 @@ async fn server_state(
             ttl: read_lease_ttl,
         },
         drain: tokio::sync::watch::Sender::new(false),
+        taken_over: parking_lot::Mutex::new(None),
     }
 }
 

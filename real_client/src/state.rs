@@ -74,6 +74,8 @@ pub struct ServerState {
     /// True while the dummies' connections drain for a handover (each session stops
     /// serving new requests and closes once those in flight are answered).
     pub drain: tokio::sync::watch::Sender<bool>,
+    /// What this process took over, when it replaced another (`--takeover`).
+    pub taken_over: parking_lot::Mutex<Option<mooncake_core::protocol::rpc::TakenOver>>,
 }
 
 impl ServerState {
@@ -97,6 +99,7 @@ impl ServerState {
             reserved_puts: self.store.master().reservations().commits(),
             device_handles: mooncake_device::driver::open_handles(),
             segment_pinned_bytes: crate::device_buffers::segment_pinned_bytes(),
+            taken_over: self.taken_over.lock().clone(),
         }
     }
 

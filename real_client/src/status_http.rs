@@ -44,6 +44,14 @@ pub async fn serve(address: SocketAddr, state: Arc<ServerState>) {
                         "# HELP mooncake_client_reserved_puts_total Puts completed into space reserved ahead of their keys (one master round trip).\n# TYPE mooncake_client_reserved_puts_total counter\nmooncake_client_reserved_puts_total {}\n",
                         status.reserved_puts
                     ));
+                    if let Some(taken) = &status.taken_over {
+                        text.push_str(&format!(
+                            "# HELP mooncake_client_takeover_seconds How long this process took to take its node over from the one it replaced (--takeover).\n# TYPE mooncake_client_takeover_seconds gauge\nmooncake_client_takeover_seconds {}\n# HELP mooncake_client_takeover_objects Objects of the embedded master taken over.\n# TYPE mooncake_client_takeover_objects gauge\nmooncake_client_takeover_objects {}\n# HELP mooncake_client_takeover_segment_bytes Bytes of segment taken over (the same memory).\n# TYPE mooncake_client_takeover_segment_bytes gauge\nmooncake_client_takeover_segment_bytes {}\n",
+                            taken.took_ms as f64 / 1000.0,
+                            taken.objects,
+                            taken.segment_bytes
+                        ));
+                    }
                     text.push_str(&mooncake_core::keep_awake::metrics("client"));
                     if let Some(disk) = state.store.disk() {
                         let (objects, copies) = disk.offload_counters();

@@ -157,6 +157,13 @@ fn handover_under_load(node: &mut RealClientProcess, round: usize, per_dummy: us
     // A dummy that attaches now meets the new process, with the same objects.
     let late = dummy(node);
     assert!(late.get(&format!("big-{round}-{}-0", DUMMIES - 1)).is_ok());
+    let taken = late
+        .status()
+        .expect("status")
+        .taken_over
+        .expect("status shows the handover");
+    assert_eq!(taken.segment_bytes, 3 << 30);
+    assert!(taken.objects >= (per_dummy * DUMMIES) as u64, "{taken:?}");
 }
 
 #[test]

@@ -21,4 +21,4 @@ pub mod serving;
 pub mod unix_stream;
 
 /// Version of the dummy ↔ real protocol; both sides must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;

@@ -209,6 +209,25 @@ pub struct StatusReport {
     /// `hipHostRegister`): 0 until the first GPU buffer is registered and while the
     /// background pinning runs, then the segment's size (0 again if pinning failed).
     pub segment_pinned_bytes: u64,
+    /// When this process took its node over from another (`mooncake_client
+    /// --takeover`): what it took over.
+    pub taken_over: Option<TakenOver>,
+}
+
+/// What a real client took over from the process it replaced.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TakenOver {
+    /// Process id of the process taken over.
+    pub from_pid: u32,
+    /// Bytes of the segment taken over (the same memory, not copied).
+    pub segment_bytes: u64,
+    /// Objects of the embedded master taken over (0 with a remote master, which kept
+    /// them).
+    pub objects: u64,
+    /// Milliseconds from this process's start to serving.
+    pub took_ms: u64,
+    /// When it took over (seconds since the Unix epoch).
+    pub at_unix_secs: u64,
 }
 
 impl Elements for MemRange {

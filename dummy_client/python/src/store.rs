@@ -998,6 +998,13 @@ fn status_json(report: &mooncake_core::protocol::rpc::StatusReport) -> String {
         "reserved_puts": report.reserved_puts,
         "device_handles": report.device_handles,
         "segment_pinned_bytes": report.segment_pinned_bytes,
+        "taken_over": report.taken_over.as_ref().map(|taken| serde_json::json!({
+            "from_pid": taken.from_pid,
+            "segment_bytes": taken.segment_bytes,
+            "objects": taken.objects,
+            "took_ms": taken.took_ms,
+            "at_unix_secs": taken.at_unix_secs,
+        })),
         "copied_through_staging_bytes": mooncake_dummy_client::copied_through_staging_bytes(),
     })
     .to_string()

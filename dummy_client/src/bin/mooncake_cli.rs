@@ -216,6 +216,15 @@ fn status(client: &DummyClient) -> Result<(), Failure> {
         "puts         {} completed into space reserved ahead of their keys (one master round trip)",
         report.reserved_puts
     );
+    if let Some(taken) = &report.taken_over {
+        println!(
+            "handover     took this node over from pid {} in {} ms: {} of segment, {} objects of the embedded master",
+            taken.from_pid,
+            taken.took_ms,
+            format_size(taken.segment_bytes),
+            taken.objects
+        );
+    }
     if report.device_handles > 0 || report.segment_pinned_bytes > 0 {
         println!(
             "gpu          {} dummy allocations open (CUDA IPC), {} of the segment pinned",

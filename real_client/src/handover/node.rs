@@ -250,6 +250,13 @@ impl RealClient {
             socket.set_nonblocking(true).map_err(StartError::Handover)?;
         }
         let server = Arc::new(server_state(&config, instance_id, store, started).await);
+        *server.taken_over.lock() = Some(mooncake_core::protocol::rpc::TakenOver {
+            from_pid: fds.giver_pid,
+            segment_bytes: state.segment_len,
+            objects: state.objects,
+            took_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            at_unix_secs: mooncake_core::protocol::grant::now_secs(),
+        });
         tracing::info!(
             segment = %state.segment_name,
             segment_bytes = state.segment_len,

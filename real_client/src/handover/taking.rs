@@ -68,6 +68,8 @@ pub struct TakenFds {
     pub readiness: Option<OwnedFd>,
     /// The embedded master's TCP listener.
     pub master: Option<OwnedFd>,
+    /// Process id of the giver.
+    pub giver_pid: u32,
 }
 
 /// The connection to the process taken over, to tell it the outcome.
@@ -101,7 +103,8 @@ pub fn take(dummies: &SocketAddress) -> Result<Taken, TakeoverError> {
             socket: socket.clone(),
             source,
         })?;
-    let uid = peer_credentials(&stream)?.uid;
+    let giver = peer_credentials(&stream)?;
+    let uid = giver.uid;
     if uid != nix::unistd::geteuid().as_raw() {
         return Err(TakeoverError::OtherUser { socket, uid });
     }
@@ -131,6 +134,7 @@ pub fn take(dummies: &SocketAddress) -> Result<Taken, TakeoverError> {
             handover,
             readiness,
             master,
+            giver_pid: u32::try_from(giver.pid).unwrap_or(0),
         },
         reporter: Reporter { stream },
     })
