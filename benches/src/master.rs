@@ -23,7 +23,7 @@ fn rss_bytes() -> u64 {
 fn pairs_per_second(keys: u64, threads: u64) -> (f64, f64) {
     let master = Arc::new(MasterService::new(MasterConfig::default(), Clock::System));
     master
-        .mount_segment("bench:1", 1 << 40, LOCAL_OWNER, "")
+        .mount_segment("bench:1", 1 << 40, LOCAL_OWNER, "", 0)
         .expect("mount");
     let before = rss_bytes();
     let started = Instant::now();

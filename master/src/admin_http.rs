@@ -361,6 +361,7 @@ mod tests {
                 1 << 20,
                 crate::LOCAL_OWNER,
                 "127.0.0.1:9",
+                0,
             )
             .expect("mount");
         for key in ["a b", "k1"] {

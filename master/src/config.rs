@@ -54,6 +54,9 @@ pub struct MasterConfig {
     pub eviction_high_watermark_ratio: f64,
     /// A real client silent this long loses its segments (`--client_ttl`, 10 s).
     pub client_ttl: Duration,
+    /// How long after `client_ttl` a silent client's segment file stays mounted, with
+    /// its objects, for its restarted process to take back (`--remount_grace`, 5 s).
+    pub remount_grace: Duration,
     /// A write left unfinished this long may be discarded by a new writer of the same key
     /// (`--put_start_discard_timeout_sec`, 30 s).
     pub put_start_discard_timeout: Duration,
@@ -89,6 +92,7 @@ impl Default for MasterConfig {
             eviction_ratio: 0.05,
             eviction_high_watermark_ratio: 0.90,
             client_ttl: Duration::from_secs(10),
+            remount_grace: Duration::from_secs(5),
             put_start_discard_timeout: Duration::from_secs(30),
             put_start_release_timeout: Duration::from_secs(600),
             pending_task_timeout: Duration::from_secs(300),

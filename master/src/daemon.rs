@@ -126,6 +126,12 @@ pub static MASTER_FLAGS: &[FlagSpec] = &[
         "seconds without heartbeat after which a real client's segments are unmounted (file key: client_live_ttl_sec)",
     ),
     FlagSpec::value(
+        "remount_grace",
+        Some("5"),
+        "seconds a silent real client's segment file (mooncake_client --segment_path) and its objects are kept after --client_ttl, for the restarted client to take back; 0 unmounts at once",
+    )
+    .ours(),
+    FlagSpec::value(
         "put_start_discard_timeout_sec",
         Some("30"),
         "an unfinished write may be replaced after this many seconds",
@@ -688,6 +694,7 @@ fn master_config(flags: &ParsedFlags) -> Result<MasterConfig, DaemonConfigError>
         eviction_ratio: number(flags, "eviction_ratio")?,
         eviction_high_watermark_ratio: number(flags, "eviction_high_watermark_ratio")?,
         client_ttl: seconds(flags, "client_ttl")?,
+        remount_grace: seconds(flags, "remount_grace")?,
         put_start_discard_timeout: seconds(flags, "put_start_discard_timeout_sec")?,
         put_start_release_timeout: seconds(flags, "put_start_release_timeout_sec")?,
         pending_task_timeout: seconds(flags, "pending_task_timeout_sec")?,

@@ -135,12 +135,9 @@ impl MasterService {
         let now = self.clock.now();
         let dead_clients = self.clients.take_expired(now, self.config.client_ttl);
         for client in &dead_clients {
-            tracing::warn!(client = %format!("{client:032x}"), ttl = ?self.config.client_ttl, "real client stopped heartbeating; unmounting its segments");
-            self.fail_tasks_of(*client);
-            for id in self.segments.owned_by(*client) {
-                let _ = self.unmount_segment(id);
-            }
+            self.client_went_silent(*client, now);
         }
+        self.end_expired_graces(now);
         self.expire_tasks(now);
         self.release_deferred(now);
         self.discard_abandoned_writes(now);

@@ -49,5 +49,5 @@ pub use mooncake_core::master_api::{
     TaskKind, TaskStatus, TaskWork,
 };
 pub use segments::MountedSegment;
-pub use service::{DiskCopy, MAX_REGEX_LEN, MasterService};
+pub use service::{DiskCopy, MAX_REGEX_LEN, MasterService, ObjectObserver};
 pub use tasks::{MAX_ACTIVE_TASKS, MAX_FINISHED_TASKS};

@@ -55,6 +55,14 @@ impl Replicas {
         }
     }
 
+    /// The replicas, mutable in place.
+    pub fn as_mut_slice(&mut self) -> &mut [StoredReplica] {
+        match self {
+            Replicas::One(replica) => std::slice::from_mut(replica),
+            Replicas::Many(replicas) => replicas,
+        }
+    }
+
     /// Iterates over the replicas.
     pub fn iter(&self) -> std::slice::Iter<'_, StoredReplica> {
         self.as_slice().iter()

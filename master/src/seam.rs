@@ -33,7 +33,10 @@ impl MasterService {
                 name,
                 capacity,
                 endpoint,
-            } => A::MountSegment(self.mount_segment(&name, capacity, client, &endpoint)),
+                generation,
+            } => {
+                A::MountSegment(self.mount_segment(&name, capacity, client, &endpoint, generation))
+            }
             Q::UnmountClient { client } => {
                 self.remove_client(client);
                 A::UnmountClient(Ok(()))

@@ -30,6 +30,12 @@ pub struct MountedSegment {
     pub endpoint: String,
     /// The real client that owns the segment.
     pub owner: u128,
+    /// Nonzero when the segment lives in a file that outlives its owner's process (a
+    /// restarted owner presenting the same value takes the segment back).
+    pub generation: u128,
+    /// Set while its owner is presumed crashed and may come back (`--remount_grace`):
+    /// nothing new is placed on it.
+    awaiting_owner: std::sync::atomic::AtomicBool,
     /// Free-space bookkeeping; one lock per segment.
     allocator: Mutex<RangeAllocator>,
     /// Allocations and frees are journaled here (high availability).
@@ -97,7 +103,32 @@ impl MountedSegment {
             capacity: self.allocator.lock().capacity(),
             owner: self.owner,
             endpoint: self.endpoint.clone(),
+            generation: self.generation,
         }
+    }
+
+    /// Its identity with `capacity` (when its allocator is not at hand).
+    fn image_with_capacity(&self, capacity: u64) -> SegmentImage {
+        SegmentImage {
+            id: self.id,
+            name: self.name.clone(),
+            capacity,
+            owner: self.owner,
+            endpoint: self.endpoint.clone(),
+            generation: self.generation,
+        }
+    }
+
+    /// True while its owner is presumed crashed and may come back (no placements).
+    pub fn is_awaiting_owner(&self) -> bool {
+        self.awaiting_owner
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Marks the segment as waiting for its crashed owner to come back.
+    pub fn await_owner(&self) {
+        self.awaiting_owner
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Current capacity and usage.
@@ -130,6 +161,7 @@ impl SegmentTable {
         capacity: u64,
         owner: u128,
         endpoint: &str,
+        generation: u128,
     ) -> Result<SegmentId, ErrorCode> {
         if capacity == 0 || name.is_empty() {
             return Err(ErrorCode::INVALID_PARAMS);
@@ -143,7 +175,15 @@ impl SegmentTable {
             *next += 1;
             *next
         };
-        let segment = self.segment(id, name, endpoint, owner, RangeAllocator::new(capacity));
+        let image = SegmentImage {
+            id,
+            name: name.to_string(),
+            capacity,
+            owner,
+            endpoint: endpoint.to_string(),
+            generation,
+        };
+        let segment = self.segment(&image, RangeAllocator::new(capacity));
         if let Some(journal) = self.journal() {
             journal.record(Change::Mounted(segment.image()));
         }
@@ -151,19 +191,14 @@ impl SegmentTable {
         Ok(id)
     }
 
-    fn segment(
-        &self,
-        id: SegmentId,
-        name: &str,
-        endpoint: &str,
-        owner: u128,
-        allocator: RangeAllocator,
-    ) -> Arc<MountedSegment> {
+    fn segment(&self, image: &SegmentImage, allocator: RangeAllocator) -> Arc<MountedSegment> {
         Arc::new(MountedSegment {
-            id,
-            name: name.to_string(),
-            endpoint: endpoint.to_string(),
-            owner,
+            id: image.id,
+            name: image.name.clone(),
+            endpoint: image.endpoint.clone(),
+            owner: image.owner,
+            generation: image.generation,
+            awaiting_owner: Default::default(),
             allocator: Mutex::new(allocator),
             journal: Arc::clone(&self.journal),
         })
@@ -179,17 +214,37 @@ impl SegmentTable {
             },
             None => RangeAllocator::new(image.capacity),
         };
-        let segment = self.segment(
-            image.id,
-            &image.name,
-            &image.endpoint,
-            image.owner,
-            allocator,
-        );
+        let segment = self.segment(image, allocator);
         let mut next = self.next_id.lock();
         *next = (*next).max(image.id);
         self.segments.write().insert(image.id, segment);
         true
+    }
+
+    /// Gives segment `id` to a new owner reachable at `endpoint` (its restarted real
+    /// client), keeping its id, its space and so its objects; answers the segment as
+    /// it is now, or `None` when it is not mounted. `image` describes the change for
+    /// the journal (a standby applies the leader's own).
+    pub fn remount(
+        &self,
+        id: SegmentId,
+        owner: u128,
+        endpoint: &str,
+    ) -> Option<Arc<MountedSegment>> {
+        let mut segments = self.segments.write();
+        let old = segments.get(&id)?;
+        let allocator = std::mem::replace(&mut *old.allocator.lock(), RangeAllocator::new(0));
+        let image = SegmentImage {
+            owner,
+            endpoint: endpoint.to_string(),
+            ..old.image_with_capacity(allocator.capacity())
+        };
+        let segment = self.segment(&image, allocator);
+        if let Some(journal) = self.journal() {
+            journal.record(Change::Remounted(image));
+        }
+        segments.insert(id, Arc::clone(&segment));
+        Some(segment)
     }
 
     /// Unmounts every segment (a standby installing a snapshot).
@@ -263,6 +318,7 @@ impl SegmentTable {
         let segments = self.segments.read();
         let mut candidates: Vec<(&Arc<MountedSegment>, u64)> = segments
             .values()
+            .filter(|s| !s.is_awaiting_owner())
             .map(|s| {
                 let order = match strategy {
                     AllocationStrategy::Random => mix(seed ^ s.id),

@@ -17,6 +17,7 @@ use mooncake_core::types::{
     ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentId, SoftPinAction,
 };
 
+use mooncake_core::master_api::replication::ObjectImage;
 use mooncake_core::master_api::{ClientStatus, LOCAL_OWNER, LeaseBudget, MasterStats, PutStarted};
 
 use super::clients::ClientTable;
@@ -61,6 +62,19 @@ pub struct MasterService {
     offload: offload::OffloadQueues,
     /// Signs the replicas handed out (see [`sign_transfers`](MasterService::sign_transfers)).
     grants: std::sync::OnceLock<Arc<ClusterSecret>>,
+    /// Told of every object change (see [`observe_objects`](MasterService::observe_objects)).
+    pub(super) observer: std::sync::OnceLock<Arc<dyn ObjectObserver>>,
+    /// Silent clients whose segment files wait for them, and until when.
+    pub(super) awaited: Mutex<Vec<(u128, Instant)>>,
+}
+
+/// Something that follows every change to the object table as it happens: an embedded
+/// master's node journals the objects of its own segment with it, so that a restarted
+/// process finds them again.
+pub trait ObjectObserver: Send + Sync {
+    /// `key`'s entry is now `image` (`None`: the key is gone). Called with the key's
+    /// shard locked, in the order the key's changes happen; keep it short.
+    fn object_changed(&self, key: &str, image: Option<&ObjectImage>);
 }
 
 impl std::fmt::Debug for MasterService {
@@ -100,6 +114,8 @@ impl MasterService {
             disk,
             offload: Mutex::new(HashMap::new()),
             grants: std::sync::OnceLock::new(),
+            observer: std::sync::OnceLock::new(),
+            awaited: Mutex::new(Vec::new()),
         }
     }
 
@@ -184,14 +200,19 @@ impl MasterService {
         capacity: u64,
         owner: u128,
         endpoint: &str,
+        generation: u128,
     ) -> CodeResult<SegmentId> {
         // A restarted real client comes back under the same name before its old
-        // instance's TTL runs out: the old segment went away with that process.
+        // instance's TTL (or its --remount_grace) runs out: the old segment went away
+        // with that process, unless it lives in a file the new one mapped again.
         if let Some(stale) = self.segments.find_by_name(name)
             && stale.owner != owner
             && owner != LOCAL_OWNER
             && stale.owner != LOCAL_OWNER
         {
+            if generation != 0 && stale.generation == generation {
+                return self.take_back(&stale, owner, endpoint);
+            }
             tracing::warn!(
                 segment = name,
                 old_endpoint = %stale.endpoint,
@@ -201,7 +222,9 @@ impl MasterService {
             self.remove_client(stale.owner);
             self.clients.displace(stale.owner);
         }
-        let id = self.segments.mount(name, capacity, owner, endpoint)?;
+        let id = self
+            .segments
+            .mount(name, capacity, owner, endpoint, generation)?;
         if owner != LOCAL_OWNER {
             self.clients.touch(owner, self.clock.now());
         }
@@ -979,6 +1002,7 @@ pub(super) fn free_now(replicas: Vec<StoredReplica>) {
 
 mod journaling;
 mod offload;
+mod remount;
 mod replication;
 
 pub use offload::DiskCopy;

@@ -38,7 +38,7 @@ fn readable(observer: &mut Observer, key: &str) -> bool {
 /// Mounts a segment and starts a write under a reserved name: `(name, write id)`.
 async fn reserve(master: &dyn Master) -> (String, u64) {
     master
-        .mount_segment(1, "node".into(), 16 << 20, "127.0.0.1:1".into())
+        .mount_segment(1, "node".into(), 16 << 20, "127.0.0.1:1".into(), 0)
         .await
         .expect("mounted");
     let name = format!("{RESERVED_PREFIX}test/1");

@@ -100,7 +100,7 @@ impl Subject {
 
     async fn mount(&self, name: &str, capacity: u64, client: u128) -> SegmentId {
         self.master
-            .mount_segment(client, name.into(), capacity, "127.0.0.1:1".into())
+            .mount_segment(client, name.into(), capacity, "127.0.0.1:1".into(), 0)
             .await
             .expect("mount")
     }

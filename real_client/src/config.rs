@@ -90,6 +90,7 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
     FlagSpec::value("offload_path", None, "SSD tier directory; overrides MOONCAKE_OFFLOAD_FILE_STORAGE_PATH").ours(),
     FlagSpec::boolean("enable_offload", false, "enable the SSD tier (settings: MOONCAKE_OFFLOAD_*)").env("MOONCAKE_OFFLOAD_ENABLED"),
     FlagSpec::boolean("takeover", false, "take over the mooncake_client serving the same --port (planned handover: the new process keeps the segment, its objects and the sockets; see docs/deployment.md)").ours(),
+    FlagSpec::value("segment_path", None, "keep the segment in this file (on tmpfs such as /dev/shm, or hugetlbfs), so that a mooncake_client restarted after a crash serves its objects again (see docs/deployment.md)").env("MOONCAKE_SEGMENT_PATH").ours(),
     FlagSpec::boolean("offload_on_evict", false, "with --enable_offload and the embedded master: write objects to the SSD tier when they are chosen for eviction, not when written").ours(),
 ];
 
@@ -183,6 +184,9 @@ pub struct RealClientConfig {
     /// `--takeover`: take over the real client serving the same socket instead of
     /// starting anew ([`crate::handover`]).
     pub takeover: bool,
+    /// `--segment_path`: the file that holds the segment and its journal, so that a
+    /// restarted process finds its objects again ([`crate::segment_file`]).
+    pub segment_path: Option<std::path::PathBuf>,
     /// Loopback port on which the embedded master's HTTP endpoints are served
     /// (`--metrics_port`; `None`: not served).
     pub master_http_port: Option<u16>,
@@ -306,6 +310,7 @@ impl RealClientConfig {
         let master_address =
             parse_master_address(&flags.string("master_server_address").unwrap_or_default())?;
         check_pure_client(global_segment_size, master_address.as_deref())?;
+        let segment_path = segment_path(flags, global_segment_size)?;
         let master_http_port = embedded_only(
             flags.number::<u16>("metrics_port")?,
             "metrics_port",
@@ -377,6 +382,7 @@ impl RealClientConfig {
             },
             readiness_port_asked: flags.number::<u16>("readiness_port")?.is_some(),
             takeover: flags.bool("takeover")?,
+            segment_path,
             master_http_port,
             metadata_http_port,
             transfer_port: flags.number("transfer_port")?.unwrap_or(0),
@@ -430,6 +436,8 @@ impl RealClientConfig {
         config.master_http_port = None;
         config.metadata_http_port = None;
         config.keep_awake = Duration::ZERO;
+        // An application's restart is not a node's: its segment is not kept.
+        config.segment_path = None;
         config.global_segment_size = options.global_segment_size;
         config.master_address = parse_master_address(&options.master_address)?;
         check_pure_client(config.global_segment_size, config.master_address.as_deref())?;
@@ -645,6 +653,23 @@ fn embedded_only(
 }
 
 /// A pure client (no segment) needs a cluster's master to place its objects.
+/// `--segment_path`, refused for a pure client (it has no segment to keep).
+fn segment_path(
+    flags: &ParsedFlags,
+    global_segment_size: u64,
+) -> Result<Option<std::path::PathBuf>, ConfigError> {
+    let Some(path) = flags.string("segment_path").filter(|p| !p.is_empty()) else {
+        return Ok(None);
+    };
+    if global_segment_size == 0 {
+        return Err(invalid(
+            "segment_path",
+            "a pure client (--global_segment_size=0) has no segment to keep",
+        ));
+    }
+    Ok(Some(path.into()))
+}
+
 fn check_pure_client(global_segment_size: u64, master: Option<&str>) -> Result<(), ConfigError> {
     if global_segment_size == 0 && master.is_none() {
         return Err(invalid(

@@ -40,6 +40,7 @@ mod readiness;
 mod region;
 mod reservations;
 mod rpc;
+pub mod segment_file;
 pub mod server;
 mod session;
 mod state;
@@ -71,6 +72,7 @@ use mooncake_shm::shared_memory::PageSize;
 pub use config::{ConfigError, EmbeddedOptions, RealClientConfig};
 use handshake::ServerIdentity;
 use master_link::MasterLink;
+use segment_file::SegmentFile;
 use server::BindError;
 use state::ReadLeaseQuota;
 pub use state::ServerState;
@@ -146,6 +148,9 @@ pub enum StartError {
     /// The SSD tier could not be opened.
     #[error("{0}")]
     Disk(String),
+    /// The segment file (`--segment_path`) could not be used.
+    #[error(transparent)]
+    SegmentFile(#[from] segment_file::SegmentFileError),
     /// The master refused the SSD tier.
     #[error("the master refused the SSD tier: {0}; start mooncake_master with --enable_offload")]
     Offload(mooncake_core::ErrorCode),
@@ -367,34 +372,89 @@ async fn choose_master(
 }
 
 /// Allocates this node's segment (one page for a pure client, which contributes no
-/// memory) and starts faulting it in.
-fn allocate_segment(config: &RealClientConfig) -> Result<Arc<ServedSegment>, StartError> {
+/// memory) and starts faulting it in; with `--segment_path`, opens its file instead and
+/// says what the file holds from an earlier process.
+fn allocate_segment(
+    config: &RealClientConfig,
+) -> Result<(Arc<ServedSegment>, Option<segment_file::Found>), StartError> {
     let contributes = config.global_segment_size > 0;
     if !contributes {
         tracing::info!(
             "--global_segment_size=0: a pure client; it contributes no memory and places every object on other nodes"
         );
     }
-    let memory = SharedMemory::create_populated(
-        "mooncake_segment",
-        // A pure client keeps one unused page, so the transfer engine has a segment.
-        config.global_segment_size.max(1),
-        PageSize::from_env(),
-        false,
-    )
-    .map_err(|source| StartError::Segment {
-        size: format_size(config.global_segment_size),
-        source,
-    })?;
-    let memory = Arc::new(memory);
+    let (memory, file, found) = match &config.segment_path {
+        Some(path) => {
+            let (file, found) = SegmentFile::open(path, config.global_segment_size)?;
+            let file = Arc::new(file);
+            (Arc::clone(file.memory()), Some(file), Some(found))
+        }
+        None => {
+            let memory = SharedMemory::create_populated(
+                "mooncake_segment",
+                // A pure client keeps one unused page, so the transfer engine has a segment.
+                config.global_segment_size.max(1),
+                PageSize::from_env(),
+                false,
+            )
+            .map_err(|source| StartError::Segment {
+                size: format_size(config.global_segment_size),
+                source,
+            })?;
+            (Arc::new(memory), None, None)
+        }
+    };
     memory.prefault_in_background("segment-prefault");
-    Ok(Arc::new(ServedSegment {
-        memory,
-        id: AtomicU64::new(0),
-        contributes,
-        name: config.segment_name(),
-        writes: Default::default(),
-    }))
+    Ok((
+        Arc::new(ServedSegment {
+            memory,
+            id: AtomicU64::new(0),
+            contributes,
+            name: config.segment_name(),
+            writes: Default::default(),
+            file,
+        }),
+        found,
+    ))
+}
+
+/// With `--segment_path`: gives the embedded master the objects an earlier process
+/// left whole in the file, then has it journal every change from now on. A remote
+/// master keeps the objects itself (it gave the segment back at the mount, or not):
+/// the journal is emptied, so that nothing it does not know of comes back later.
+fn resume_segment_file(
+    served: &ServedSegment,
+    found: Option<segment_file::Found>,
+    embedded: Option<&EmbeddedMaster>,
+) {
+    let Some(file) = &served.file else {
+        return;
+    };
+    let Some(master) = embedded else {
+        file.clear_journal();
+        return;
+    };
+    let segment = served.id.load(Ordering::Acquire);
+    if let Some(segment_file::Found::Kept { committed }) = found {
+        let recovered = segment_file::recover(file, committed, &master.service, segment);
+        tracing::info!(
+            path = %file.path().display(),
+            objects = recovered.objects,
+            bytes = recovered.bytes,
+            damaged = recovered.damaged,
+            refused = recovered.refused,
+            took_ms = recovered.elapsed.as_millis(),
+            "restarted on the segment file: its whole objects are served again; damaged ones were dropped"
+        );
+        file.set_recovered(recovered);
+    } else if let Some(segment_file::Found::Fresh {
+        reason: Some(reason),
+    }) = found
+    {
+        tracing::warn!(path = %file.path().display(), reason, "the segment file's objects were dropped");
+    }
+    let journal = segment_file::SegmentJournal::new(Arc::clone(file), segment);
+    master.service.observe_objects(Arc::new(journal));
 }
 
 /// Opens the SSD tier when offload is configured (recovering what is on disk).
@@ -423,12 +483,7 @@ async fn join_cluster(
 ) -> Result<(), StartError> {
     if served.contributes {
         let id = master
-            .mount_segment(
-                client_id,
-                &served.name,
-                served.memory.len() as u64,
-                endpoint,
-            )
+            .mount_segment(client_id, served, endpoint)
             .await
             .map_err(StartError::Mount)?;
         served.id.store(id, Ordering::Release);
@@ -561,7 +616,7 @@ impl RealClient {
             config.read_cache,
             reservations::budget_for(config.global_segment_size),
         );
-        let served = allocate_segment(&config)?;
+        let (served, found) = allocate_segment(&config)?;
         let disk = open_disk_tier(&config).await?;
         let rdma = open_rdma(&config, &served)?;
         let transfer = TransferServer::start(
@@ -582,8 +637,20 @@ impl RealClient {
             disk.as_deref(),
         )
         .await?;
+        resume_segment_file(&served, found, chosen.embedded.as_ref());
+        let recovered = served.file.as_ref().and_then(|file| file.recovered());
         let store = store_for(&config, master, served, disk, rdma, chosen.secret);
         let state = Arc::new(server_state(&config, instance_id, store, started).await);
+        if let Some(recovered) = recovered {
+            // A restart after a crash shows like a handover from no process (pid 0).
+            *state.taken_over.lock() = Some(mooncake_core::protocol::rpc::TakenOver {
+                from_pid: 0,
+                segment_bytes: recovered.bytes,
+                objects: recovered.objects,
+                took_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                at_unix_secs: mooncake_core::protocol::grant::now_secs(),
+            });
+        }
         let (shutdown, _) = watch::channel(false);
         Ok(RealClient {
             state,

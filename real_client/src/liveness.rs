@@ -51,14 +51,7 @@ pub async fn heartbeat(
             Ok(ClientStatus::NeedRemount) if !state.store.segment().contributes => {}
             Ok(ClientStatus::NeedRemount) => {
                 let segment = state.store.segment();
-                let mounted = master
-                    .mount_segment(
-                        client_id,
-                        &state.identity.segment_name,
-                        segment.memory.len() as u64,
-                        &endpoint,
-                    )
-                    .await;
+                let mounted = master.mount_segment(client_id, segment, &endpoint).await;
                 match mounted {
                     Ok(id) => {
                         segment.id.store(id, Ordering::Release);

@@ -17,6 +17,7 @@ use mooncake_core::types::{ReplicaDescriptor, ReplicateConfig, SegmentId};
 
 use crate::read_cache::{Located, Lookup, ReadCache};
 use crate::reservations::Reservations;
+use crate::transfer::served::ServedSegment;
 
 /// The master a real client uses, for the keys of one tenant.
 #[derive(Debug, Clone)]
@@ -135,19 +136,26 @@ impl MasterLink {
         Some(Duration::from_millis(hello.lease_ttl_ms))
     }
 
-    /// Mounts a segment for `client`.
+    /// Mounts `segment` for `client`, whose transfer engine listens at `endpoint`. A
+    /// segment file's generation goes with it: a master still holding the segment of
+    /// this file (a restart after a crash) gives it back with its objects.
     pub async fn mount_segment(
         &self,
         client: u128,
-        name: &str,
-        capacity: u64,
+        segment: &ServedSegment,
         endpoint: &str,
     ) -> CodeResult<SegmentId> {
-        // A master that asks for a mount knows nothing of this segment's objects.
+        // Cached replica lists and reservations may be stale after a mount.
         self.reads.clear();
         self.reservations.clear();
         self.master
-            .mount_segment(client, name.to_string(), capacity, endpoint.to_string())
+            .mount_segment(
+                client,
+                segment.name.clone(),
+                segment.memory.len() as u64,
+                endpoint.to_string(),
+                segment.generation(),
+            )
             .await
     }
 

@@ -52,6 +52,9 @@ pub async fn serve(address: SocketAddr, state: Arc<ServerState>) {
                             taken.segment_bytes
                         ));
                     }
+                    if let Some(file) = &state.store.segment().file {
+                        text.push_str(&segment_file_metrics(file));
+                    }
                     text.push_str(&mooncake_core::keep_awake::metrics("client"));
                     if let Some(disk) = state.store.disk() {
                         let (objects, copies) = disk.offload_counters();
@@ -72,4 +75,24 @@ pub async fn serve(address: SocketAddr, state: Arc<ServerState>) {
         })
     });
     http::serve(address, router).await;
+}
+
+/// The segment file's figures (`--segment_path`): what the journal holds, and what a
+/// restart recovered.
+fn segment_file_metrics(file: &crate::segment_file::SegmentFile) -> String {
+    let mut text = format!(
+        "# HELP mooncake_client_segment_journal_objects Objects the segment file's journal records as committed (served again after a restart).\n# TYPE mooncake_client_segment_journal_objects gauge\nmooncake_client_segment_journal_objects {}\n# HELP mooncake_client_segment_journal_unrecorded_total Commits the full journal could not record (not served again after a restart).\n# TYPE mooncake_client_segment_journal_unrecorded_total counter\nmooncake_client_segment_journal_unrecorded_total {}\n",
+        file.journaled_objects(),
+        file.unrecorded_commits()
+    );
+    if let Some(recovered) = file.recovered() {
+        text.push_str(&format!(
+            "# HELP mooncake_client_restart_recovered_objects Objects found whole in the segment file at startup.\n# TYPE mooncake_client_restart_recovered_objects gauge\nmooncake_client_restart_recovered_objects {}\n# HELP mooncake_client_restart_recovered_bytes Their bytes.\n# TYPE mooncake_client_restart_recovered_bytes gauge\nmooncake_client_restart_recovered_bytes {}\n# HELP mooncake_client_restart_dropped_objects Objects of the journal dropped at startup (bytes changed since their record, or refused by the master).\n# TYPE mooncake_client_restart_dropped_objects gauge\nmooncake_client_restart_dropped_objects {}\n# HELP mooncake_client_restart_recovery_seconds How long checking and reinstalling them took.\n# TYPE mooncake_client_restart_recovery_seconds gauge\nmooncake_client_restart_recovery_seconds {}\n",
+            recovered.objects,
+            recovered.bytes,
+            recovered.damaged + recovered.refused,
+            recovered.elapsed.as_secs_f64()
+        ));
+    }
+    text
 }

@@ -73,6 +73,7 @@ fn segment(len: u64) -> Arc<ServedSegment> {
         contributes: true,
         name: "conformance".into(),
         writes: Default::default(),
+        file: None,
     })
 }
 

@@ -112,8 +112,9 @@ pub struct SharedMemory {
 /// What a [`SharedMemory`] is made of.
 #[derive(Debug)]
 enum Backing {
-    /// A memfd mapped shared in this process (can be passed to a peer).
-    Memfd { file: File, map: MmapRaw },
+    /// A memfd (or a file on tmpfs or hugetlbfs) mapped shared in this process (can be
+    /// passed to a peer).
+    Mapped { file: File, map: MmapRaw },
     /// Memory of this process that the application registered and keeps valid; never
     /// passed to another process.
     Borrowed { base: *mut u8 },
@@ -187,7 +188,7 @@ impl SharedMemory {
         let map = sys::map_shared(&file, size, populate)
             .map_err(|source| ShmError::Map { len, source })?;
         Ok(SharedMemory {
-            backing: Backing::Memfd { file, map },
+            backing: Backing::Mapped { file, map },
             len: size,
             page: usize::try_from(page.bytes()).unwrap_or(4096),
             poisoned: AtomicBool::new(false),
@@ -221,8 +222,33 @@ impl SharedMemory {
             source,
         })?;
         Ok(SharedMemory {
-            backing: Backing::Memfd { file, map },
+            backing: Backing::Mapped { file, map },
             len,
+            page,
+            poisoned: AtomicBool::new(false),
+        })
+    }
+
+    /// Maps the first `len` bytes of `file` (a file on tmpfs or hugetlbfs that outlives
+    /// this process, so that a restarted real client finds its segment's bytes again).
+    /// The file must already be at least `len` bytes long; `len` must be a multiple of
+    /// the file's page size.
+    pub fn map_file(file: File, len: u64, populate: bool) -> Result<Self, ShmError> {
+        let size = to_usize(len)?;
+        let metadata = file.metadata().map_err(ShmError::Inspect)?;
+        if metadata.len() < len {
+            return Err(ShmError::TooSmall {
+                declared: len,
+                actual: metadata.len(),
+            });
+        }
+        // hugetlbfs reports its huge page size here.
+        let page = usize::try_from(metadata.blksize()).unwrap_or(4096);
+        let map = sys::map_shared(&file, size, populate)
+            .map_err(|source| ShmError::Map { len, source })?;
+        Ok(SharedMemory {
+            backing: Backing::Mapped { file, map },
+            len: size,
             page,
             poisoned: AtomicBool::new(false),
         })
@@ -252,7 +278,7 @@ impl SharedMemory {
 
     fn ptr(&self) -> *mut u8 {
         match &self.backing {
-            Backing::Memfd { map, .. } => map.as_mut_ptr(),
+            Backing::Mapped { map, .. } => map.as_mut_ptr(),
             Backing::Borrowed { base } => *base,
         }
     }
@@ -269,7 +295,7 @@ impl SharedMemory {
     /// peer can take away).
     fn guard(&self) -> Guarded {
         match &self.backing {
-            Backing::Memfd { map, .. } => Guarded::new(
+            Backing::Mapped { map, .. } => Guarded::new(
                 map.as_mut_ptr() as usize,
                 self.len,
                 self.page,
@@ -298,7 +324,7 @@ impl SharedMemory {
     /// blocks; for borrowed application memory, its whole length (the application's).
     pub fn resident_bytes(&self) -> u64 {
         match &self.backing {
-            Backing::Memfd { file, .. } => {
+            Backing::Mapped { file, .. } => {
                 use std::os::unix::fs::MetadataExt;
                 file.metadata()
                     .map(|meta| (meta.blocks() * 512).min(self.len as u64))
@@ -318,7 +344,7 @@ impl SharedMemory {
     pub fn prefault(&self) {
         // Small steps: the address space's lock is taken per step, never for long.
         const CHUNK: usize = 8 << 20;
-        let Backing::Memfd { map, .. } = &self.backing else {
+        let Backing::Mapped { map, .. } = &self.backing else {
             return;
         };
         let mut offset = 0;
@@ -352,7 +378,7 @@ impl SharedMemory {
     /// which never leaves this process.
     pub fn fd(&self) -> Option<BorrowedFd<'_>> {
         match &self.backing {
-            Backing::Memfd { file, .. } => Some(file.as_fd()),
+            Backing::Mapped { file, .. } => Some(file.as_fd()),
             Backing::Borrowed { .. } => None,
         }
     }

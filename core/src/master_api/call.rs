@@ -175,8 +175,10 @@ macro_rules! master_calls {
 }
 
 master_calls! {
-    /// Mounts a segment of `capacity` bytes owned by real client `client`.
-    MountSegment(Write) { client: u128, name: String, capacity: u64, endpoint: String }
+    /// Mounts a segment of `capacity` bytes owned by real client `client`; a nonzero
+    /// `generation` names memory that outlives the process (a segment file), so that a
+    /// restarted owner takes its objects back.
+    MountSegment(Write) { client: u128, name: String, capacity: u64, endpoint: String, generation: u128 }
         -> CodeResult<SegmentId>;
     /// Unmounts every segment of `client`.
     UnmountClient(Write) { client: u128 } -> CodeResult<()>;

@@ -54,19 +54,24 @@ where
 pub trait MasterExt: Master {
     /// Mounts a segment of `capacity` bytes owned by real client `client`, whose
     /// transfer engine listens at `endpoint`. A name another live client mounted is
-    /// taken over (that client is told `Displaced`).
+    /// taken over (that client is told `Displaced`). A nonzero `generation` names a
+    /// segment file: when the master still holds a segment of that name, size and
+    /// generation (a restart after a crash, within `--remount_grace`), the new owner
+    /// gets it back with its objects, under the same id.
     fn mount_segment(
         &self,
         client: u128,
         name: String,
         capacity: u64,
         endpoint: String,
+        generation: u128,
     ) -> impl Future<Output = CodeResult<SegmentId>> + Send + '_ {
         let request = MasterRequest::MountSegment {
             client,
             name,
             capacity,
             endpoint,
+            generation,
         };
         async move { answer!(self.call(request).await, MountSegment, 1) }
     }

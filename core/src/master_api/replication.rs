@@ -71,6 +71,8 @@ pub struct SegmentImage {
     pub owner: u128,
     /// Where the owner's transfer engine listens.
     pub endpoint: String,
+    /// Nonzero for a segment in a file that outlives its owner's process.
+    pub generation: u128,
 }
 
 /// One change of a leader's metadata.
@@ -103,6 +105,9 @@ pub enum Change {
     },
     /// A segment was mounted.
     Mounted(SegmentImage),
+    /// A restarted owner took its segment back (same id and space, new owner and
+    /// endpoint).
+    Remounted(SegmentImage),
     /// A segment was unmounted (its replicas are gone).
     Unmounted {
         /// The segment.

@@ -488,12 +488,15 @@ mod tests {
 
         fn master_call() -> impl Strategy<Value = MasterRequest> {
             prop_oneof![
-                (any::<u128>(), key(), any::<u64>(), key()).prop_map(
-                    |(client, name, capacity, endpoint)| MasterRequest::MountSegment {
-                        client,
-                        name,
-                        capacity,
-                        endpoint,
+                (any::<u128>(), key(), any::<u64>(), key(), any::<u128>()).prop_map(
+                    |(client, name, capacity, endpoint, generation)| {
+                        MasterRequest::MountSegment {
+                            client,
+                            name,
+                            capacity,
+                            endpoint,
+                            generation,
+                        }
                     }
                 ),
                 any::<u128>().prop_map(|client| MasterRequest::Heartbeat { client }),

@@ -214,10 +214,13 @@ pub struct StatusReport {
     pub taken_over: Option<TakenOver>,
 }
 
-/// What a real client took over from the process it replaced.
+/// What a real client took over from the process it replaced: by a planned handover
+/// (`--takeover`), or from its segment file (`--segment_path`) after the process before
+/// it ended without one (a crash; `from_pid` 0, and `objects` and `segment_bytes` count
+/// the objects found whole).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TakenOver {
-    /// Process id of the process taken over.
+    /// Process id of the process taken over (0: none, a restart on the segment file).
     pub from_pid: u32,
     /// Bytes of the segment taken over (the same memory, not copied).
     pub segment_bytes: u64,

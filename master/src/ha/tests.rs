@@ -64,7 +64,7 @@ fn put(master: &MasterService, key: &str, size: u64, config: &ReplicateConfig) {
 async fn workload(leader: &MasterService, round: u64) {
     let client = 1000 + u128::from(round);
     let name = format!("node-{round}:1");
-    MasterExt::mount_segment(leader, client, name.clone(), 1 << 22, format!("{name}x"))
+    MasterExt::mount_segment(leader, client, name.clone(), 1 << 22, format!("{name}x"), 0)
         .await
         .expect("mount");
     leader.enable_offload(client).expect("offload");
@@ -116,7 +116,7 @@ async fn workload(leader: &MasterService, round: u64) {
 async fn a_standby_applying_the_journal_matches_its_leader() {
     let leader = MasterService::new(config(), Clock::System);
     leader
-        .mount_segment("local:1", 1 << 22, LOCAL_OWNER, "")
+        .mount_segment("local:1", 1 << 22, LOCAL_OWNER, "", 0)
         .expect("mount");
     workload(&leader, 0).await;
     let journal = Arc::new(Journal::new(3, Duration::from_millis(100)));

@@ -62,13 +62,65 @@ impl MasterService {
     /// Journals the entry of `key` as it is now (`None`: gone); called with its shard
     /// locked, so the journal orders a key's changes as they happened.
     pub(crate) fn note_object(&self, key: &str, entry: Option<&ObjectEntry>) {
-        if let Some(journal) = self.segments.journal() {
-            let now = self.clock.now();
+        let journal = self.segments.journal();
+        let observer = self.observer.get();
+        if journal.is_none() && observer.is_none() {
+            return;
+        }
+        let now = self.clock.now();
+        let image = entry.map(|e| image_of(e, now));
+        if let Some(observer) = observer {
+            observer.object_changed(key, image.as_ref());
+        }
+        if let Some(journal) = journal {
             journal.record(Change::Object {
                 key: key.to_string(),
-                image: entry.map(|e| image_of(e, now)),
+                image,
             });
         }
+    }
+
+    /// From now on, tells `observer` of every object change (set once; a second call is
+    /// refused with `false`).
+    pub fn observe_objects(&self, observer: Arc<dyn super::ObjectObserver>) -> bool {
+        self.observer.set(observer).is_ok()
+    }
+
+    /// Installs `key` as a readable object of `size` bytes at `offset..offset+len` of
+    /// segment `segment`, taking that space from its free list: what a restarted node
+    /// found whole in its segment. `false` (nothing changed) when the segment is not
+    /// mounted, the space is not free or the key exists.
+    pub fn adopt_object(
+        &self,
+        key: &str,
+        segment: mooncake_core::types::SegmentId,
+        offset: u64,
+        len: u64,
+        size: u64,
+    ) -> bool {
+        let Some(mounted) = self.segments.get(segment) else {
+            return false;
+        };
+        let shard = self.shard(key).lock();
+        if shard.contains_key(key) || !mounted.reserve(Allocation { offset, len }) {
+            return false;
+        }
+        drop(shard);
+        let image = ObjectImage {
+            readable: Some(VersionImage {
+                size,
+                replicas: vec![ReplicaSpace {
+                    segment,
+                    offset,
+                    len,
+                }],
+            }),
+            pending: None,
+            hard_pinned: false,
+            soft_pin_left_ms: 0,
+        };
+        self.put_image(key, Some(image), self.clock.now());
+        true
     }
 
     /// The journal of this master's term, when it leads under high availability.
@@ -165,6 +217,14 @@ impl MasterService {
             }
             Change::Mounted(image) => {
                 self.segments.mount_copy(&image, None);
+            }
+            Change::Remounted(image) => {
+                if let Some(segment) = self
+                    .segments
+                    .remount(image.id, image.owner, &image.endpoint)
+                {
+                    self.rebind_replicas(&segment);
+                }
             }
             Change::Unmounted { id } => {
                 let _ = self.unmount_segment(id);

@@ -6,7 +6,7 @@ fn master(capacity: u64) -> (MasterService, Clock) {
     let clock = Clock::manual();
     let master = MasterService::new(MasterConfig::default(), clock.clone());
     master
-        .mount_segment("node-a:50052", capacity, LOCAL_OWNER, "")
+        .mount_segment("node-a:50052", capacity, LOCAL_OWNER, "", 0)
         .expect("mount");
     (master, clock)
 }
@@ -224,7 +224,7 @@ fn invalid_input() {
         Err(ErrorCode::INVALID_PARAMS)
     );
     assert_eq!(
-        master.mount_segment("node-a:50052", 10, LOCAL_OWNER, ""),
+        master.mount_segment("node-a:50052", 10, LOCAL_OWNER, "", 0),
         Err(ErrorCode::SEGMENT_ALREADY_EXISTS)
     );
 }
@@ -403,7 +403,7 @@ fn silent_clients_lose_their_segments() {
     let (master, clock) = master(4096);
     let remote = 42u128;
     master
-        .mount_segment("node-b:1", 4096, remote, "127.0.0.1:9")
+        .mount_segment("node-b:1", 4096, remote, "127.0.0.1:9", 0)
         .expect("mount");
     assert_eq!(master.heartbeat(remote), ClientStatus::Ok);
     assert_eq!(master.heartbeat(7), ClientStatus::NeedRemount);
@@ -427,10 +427,10 @@ fn a_client_whose_segment_name_is_mounted_by_another_is_told_it_is_displaced() {
     let (master, _clock) = master(4096);
     let (old, new) = (42u128, 43u128);
     let first = master
-        .mount_segment("node-b:1", 4096, old, "127.0.0.1:9")
+        .mount_segment("node-b:1", 4096, old, "127.0.0.1:9", 0)
         .expect("mount");
     let second = master
-        .mount_segment("node-b:1", 4096, new, "127.0.0.1:10")
+        .mount_segment("node-b:1", 4096, new, "127.0.0.1:10", 0)
         .expect("a restarted instance takes the name");
     assert_ne!(first, second);
     assert_eq!(master.heartbeat(old), ClientStatus::Displaced);
@@ -464,7 +464,7 @@ fn watermark_maintenance_evicts_down_below_the_mark() {
 fn replica_num_spreads_over_distinct_segments() {
     let (master, _) = master(1 << 20);
     master
-        .mount_segment("node-b:1", 1 << 20, LOCAL_OWNER, "")
+        .mount_segment("node-b:1", 1 << 20, LOCAL_OWNER, "", 0)
         .expect("mount");
     let two = ReplicateConfig {
         replica_num: 2,
@@ -483,16 +483,16 @@ fn replica_num_spreads_over_distinct_segments() {
 fn a_restarted_client_replaces_its_stale_segment() {
     let (master, _) = master(4096);
     master
-        .mount_segment("node-b:1", 4096, 1, "e")
+        .mount_segment("node-b:1", 4096, 1, "e", 0)
         .expect("mount");
     put(&master, "x", 10).expect("put");
     let id = master
-        .mount_segment("node-b:1", 4096, 2, "e")
+        .mount_segment("node-b:1", 4096, 2, "e", 0)
         .expect("new instance");
     assert!(master.stats().segments.iter().any(|s| s.id == id));
     assert_eq!(master.stats().segments.len(), 2);
     assert_eq!(
-        master.mount_segment("node-b:1", 4096, 2, "e"),
+        master.mount_segment("node-b:1", 4096, 2, "e", 0),
         Err(ErrorCode::SEGMENT_ALREADY_EXISTS)
     );
 }
@@ -530,10 +530,10 @@ fn two_nodes_with_object_on_a() -> MasterService {
 fn two_nodes_on(clock: Clock) -> MasterService {
     let master = MasterService::new(MasterConfig::default(), clock);
     master
-        .mount_segment("a", 1 << 20, 1, "a:1")
+        .mount_segment("a", 1 << 20, 1, "a:1", 0)
         .expect("mount a");
     master
-        .mount_segment("b", 1 << 20, 2, "b:1")
+        .mount_segment("b", 1 << 20, 2, "b:1", 0)
         .expect("mount b");
     let config = ReplicateConfig {
         preferred_segment: "a".into(),
@@ -706,7 +706,7 @@ fn objects_on_disk_outlive_memory_eviction() {
     };
     let clock = Clock::manual();
     let master = MasterService::new(config, clock.clone());
-    master.mount_segment("a", 2048, 1, "a:1").expect("mount");
+    master.mount_segment("a", 2048, 1, "a:1", 0).expect("mount");
     assert_eq!(
         master.offload_fetch(1, 16),
         Err(ErrorCode::SEGMENT_NOT_FOUND)
@@ -782,7 +782,7 @@ fn with_offload_on_evict_objects_reach_the_disk_only_when_chosen_for_eviction() 
     };
     let clock = Clock::manual();
     let master = MasterService::new(config, clock.clone());
-    master.mount_segment("a", 2048, 1, "a:1").expect("mount");
+    master.mount_segment("a", 2048, 1, "a:1", 0).expect("mount");
     master.enable_offload(1).expect("enable");
     put(&master, "k", 1000).expect("put");
     clock.advance(Duration::from_millis(1));
@@ -918,7 +918,7 @@ fn clearing_skips_objects_read_or_written_within_a_lease() {
 fn clearing_one_segment_keeps_the_replicas_elsewhere() {
     let (master, clock) = master(1 << 20);
     master
-        .mount_segment("node-b:50052", 1 << 20, LOCAL_OWNER, "")
+        .mount_segment("node-b:50052", 1 << 20, LOCAL_OWNER, "", 0)
         .expect("mount b");
     let config = ReplicateConfig {
         replica_num: 2,
@@ -944,4 +944,106 @@ fn clearing_one_segment_keeps_the_replicas_elsewhere() {
     clock.advance(Duration::from_secs(11));
     assert_eq!(master.clear_replicas("k", Some("node-b:50052")), Ok(()));
     assert_eq!(master.exist("k"), Ok(false));
+}
+
+/// A master with one segment file of generation `generation` owned by client 7, holding
+/// object "kept".
+fn with_segment_file(generation: u128, config: MasterConfig) -> (MasterService, Clock, SegmentId) {
+    let clock = Clock::manual();
+    let master = MasterService::new(config, clock.clone());
+    let id = master
+        .mount_segment("node-b:50052", 1 << 20, 7, "10.0.0.2:1000", generation)
+        .expect("mount");
+    put(&master, "kept", 4096).expect("put");
+    (master, clock, id)
+}
+
+/// A 2 s client TTL and a 5 s remount grace.
+fn graced_config() -> MasterConfig {
+    MasterConfig {
+        client_ttl: Duration::from_secs(2),
+        remount_grace: Duration::from_secs(5),
+        ..MasterConfig::default()
+    }
+}
+
+fn endpoint_of(master: &MasterService, key: &str) -> String {
+    let (replicas, _) = master.get_replica_list(key).expect("readable");
+    match &replicas[0].location {
+        ReplicaLocation::Memory { endpoint, .. } => endpoint.clone(),
+        other => panic!("not in memory: {other:?}"),
+    }
+}
+
+#[test]
+fn a_restarted_owner_with_the_same_segment_file_takes_its_objects_back() {
+    let (master, _, id) = with_segment_file(42, MasterConfig::default());
+    let again = master
+        .mount_segment("node-b:50052", 1 << 20, 8, "10.0.0.2:2000", 42)
+        .expect("remount");
+    assert_eq!(again, id, "the same segment, under the same id");
+    assert_eq!(endpoint_of(&master, "kept"), "10.0.0.2:2000");
+    assert_eq!(
+        master.heartbeat(7),
+        ClientStatus::NeedRemount,
+        "the old instance is gone"
+    );
+    // Its space is still taken: a second object does not land on it.
+    put(&master, "next", 4096).expect("put");
+    assert_eq!(master.stats().objects, 2);
+}
+
+#[test]
+fn another_generation_on_the_same_name_starts_empty() {
+    let (master, _, id) = with_segment_file(42, MasterConfig::default());
+    let again = master
+        .mount_segment("node-b:50052", 1 << 20, 8, "10.0.0.2:2000", 43)
+        .expect("mount");
+    assert_ne!(again, id);
+    assert_eq!(master.exist("kept"), Ok(false));
+}
+
+#[test]
+fn a_silent_segment_file_waits_for_its_owner_through_the_grace() {
+    let config = graced_config();
+    let (master, clock, id) = with_segment_file(42, config);
+    clock.advance(Duration::from_secs(3));
+    master.maintenance();
+    assert_eq!(master.exist("kept"), Ok(true), "kept through the grace");
+    assert_eq!(
+        master
+            .put_start("new", 4096, &ReplicateConfig::default())
+            .err(),
+        Some(ErrorCode::NO_AVAILABLE_HANDLE),
+        "nothing is placed on a segment whose owner is away"
+    );
+    clock.advance(Duration::from_secs(3));
+    master.maintenance();
+    let again = master
+        .mount_segment("node-b:50052", 1 << 20, 8, "10.0.0.2:2000", 42)
+        .expect("remount");
+    assert_eq!(again, id);
+    assert_eq!(endpoint_of(&master, "kept"), "10.0.0.2:2000");
+    put(&master, "new", 4096).expect("placed again");
+}
+
+#[test]
+fn a_segment_file_whose_owner_never_returns_goes_after_the_grace() {
+    let config = graced_config();
+    let (master, clock, _) = with_segment_file(42, config);
+    clock.advance(Duration::from_secs(3));
+    master.maintenance();
+    clock.advance(Duration::from_secs(6));
+    master.maintenance();
+    assert_eq!(master.exist("kept"), Ok(false));
+    assert!(master.segments.all().is_empty(), "unmounted");
+}
+
+#[test]
+fn a_memfd_segment_goes_at_the_ttl_whatever_the_grace() {
+    let config = graced_config();
+    let (master, clock, _) = with_segment_file(0, config);
+    clock.advance(Duration::from_secs(3));
+    master.maintenance();
+    assert_eq!(master.exist("kept"), Ok(false));
 }

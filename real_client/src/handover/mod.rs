@@ -46,7 +46,7 @@ use mooncake_core::protocol::address::SocketAddress;
 use mooncake_shm::fd_passing::{recv_exact_with_fds, send_with_fd};
 
 /// Version of this exchange and of [`HandedOver`]; both sides must speak the same.
-pub const HANDOVER_VERSION: u32 = 1;
+pub const HANDOVER_VERSION: u32 = 2;
 /// Largest frame either side reads (the embedded master's objects of a very large
 /// node fit; anything larger is refused, not allocated).
 pub const MAX_STATE_BYTES: u64 = 16 << 30;
@@ -130,6 +130,8 @@ pub struct HandedOver {
     pub segment_id: u64,
     /// Its length (the memfd's).
     pub segment_len: u64,
+    /// The file the segment lives in (`--segment_path`; `None`: a memfd).
+    pub segment_path: Option<std::path::PathBuf>,
     /// False for a pure client.
     pub contributes: bool,
     /// Where peers reach the transfer engine.

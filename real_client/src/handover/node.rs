@@ -17,6 +17,7 @@ use mooncake_shm::SharedMemory;
 use super::taking::{TakenFds, take};
 use super::{HandedOver, Outcome, giving};
 use crate::config::{ConfigError, RealClientConfig};
+use crate::segment_file::SegmentFile;
 use crate::transfer::TransferServer;
 use crate::transfer::served::ServedSegment;
 use crate::{
@@ -78,6 +79,7 @@ impl RealClient {
             segment_name: segment.name.clone(),
             segment_id: segment.id.load(Ordering::Acquire),
             segment_len: segment.memory.len() as u64,
+            segment_path: segment.file.as_ref().map(|file| file.path().to_path_buf()),
             contributes: segment.contributes,
             endpoint: self.endpoint.clone(),
             objects: master_state.as_ref().map_or(0, |s| s.objects.len() as u64),
@@ -85,6 +87,10 @@ impl RealClient {
             has_readiness: readiness.is_some(),
             has_master_listener: master_listener.is_some(),
         };
+        if let Some(file) = &segment.file {
+            // The taker writes the journal from now on.
+            file.pause_journal();
+        }
         let fds = self.descriptors(dummies, readiness, master_listener);
         let outcome = match fds {
             Ok(fds) => tokio::task::spawn_blocking(move || {
@@ -97,6 +103,9 @@ impl RealClient {
         };
         match outcome {
             Ok(()) => {
+                if let Some(file) = &self.state.store.segment().file {
+                    file.leave_lock_to_successor();
+                }
                 if let Some((_, secret_file, _, _)) = kept {
                     // The new process serves the embedded master under the same secret.
                     std::mem::forget(secret_file);
@@ -108,6 +117,9 @@ impl RealClient {
                 Ok(())
             }
             Err(reason) => {
+                if let Some(file) = &self.state.store.segment().file {
+                    file.resume_journal();
+                }
                 if let Some((service, secret_file, listener, secret)) = kept {
                     self.embedded_master = Some(resume_embedded_master(
                         service,
@@ -201,20 +213,16 @@ impl RealClient {
             config.read_cache,
             reservations::budget_for(config.global_segment_size),
         );
-        let memory =
-            SharedMemory::map_received(fds.segment, state.segment_len).map_err(|source| {
-                StartError::Segment {
-                    size: mooncake_core::units::format_size(state.segment_len),
-                    source,
-                }
-            })?;
+        let (memory, file) = taken_segment(&config, &state, fds.segment)?;
         let served = Arc::new(ServedSegment {
-            memory: Arc::new(memory),
+            memory,
             id: AtomicU64::new(state.segment_id),
             contributes: state.contributes,
             name: state.segment_name.clone(),
             writes: Default::default(),
+            file,
         });
+        crate::resume_segment_file(&served, None, chosen.embedded.as_ref());
         let disk = open_disk_tier(&config).await?;
         let rdma = open_rdma(&config, &served)?;
         let transfer = TransferServer::start_on(
@@ -278,6 +286,37 @@ impl RealClient {
             endpoint: state.endpoint,
         })
     }
+}
+
+/// The segment handed over: the same memfd mapped again, or the same segment file
+/// (which both processes must name alike).
+fn taken_segment(
+    config: &RealClientConfig,
+    state: &HandedOver,
+    fd: OwnedFd,
+) -> Result<(Arc<SharedMemory>, Option<Arc<SegmentFile>>), StartError> {
+    if state.segment_path != config.segment_path {
+        let name = |path: &Option<std::path::PathBuf>| {
+            path.as_ref()
+                .map_or("none".to_string(), |p| p.display().to_string())
+        };
+        return Err(mismatch(format!(
+            "the running mooncake_client keeps its segment in --segment_path={}, this one would use {}: give the same --segment_path",
+            name(&state.segment_path),
+            name(&config.segment_path)
+        )));
+    }
+    if let Some(path) = &config.segment_path {
+        let file = Arc::new(SegmentFile::from_handed_over(path, fd, state.segment_len)?);
+        return Ok((Arc::clone(file.memory()), Some(file)));
+    }
+    let memory = SharedMemory::map_received(fd, state.segment_len).map_err(|source| {
+        StartError::Segment {
+            size: mooncake_core::units::format_size(state.segment_len),
+            source,
+        }
+    })?;
+    Ok((Arc::new(memory), None))
 }
 
 /// The master of a node taken over: the embedded master with the objects it had (on

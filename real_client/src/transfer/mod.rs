@@ -78,6 +78,7 @@ mod tests {
             contributes: true,
             name: "transfer-test".into(),
             writes: Default::default(),
+            file: None,
         });
         let server = TransferServer::start(
             "127.0.0.1:0".parse().expect("address"),

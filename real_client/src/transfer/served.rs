@@ -23,4 +23,15 @@ pub struct ServedSegment {
     /// Writes whose keys may be readable before their bytes are copied: every read of
     /// the memory settles with them first.
     pub writes: WritesInFlight,
+    /// The file the segment lives in (`--segment_path`), with the journal of its
+    /// objects; `None` for a segment in a memfd.
+    pub file: Option<Arc<crate::segment_file::SegmentFile>>,
+}
+
+impl ServedSegment {
+    /// The segment file's generation (0 for a memfd, whose memory dies with the
+    /// process).
+    pub fn generation(&self) -> u128 {
+        self.file.as_ref().map_or(0, |file| file.generation())
+    }
 }
