@@ -46,12 +46,21 @@ struct Worked {
     written: Vec<(String, usize)>,
 }
 
+/// Most objects one dummy writes while the node is handed over (then it only reads):
+/// a fast machine would otherwise fill the segment and have objects evicted.
+const MAX_WRITES_DURING: usize = 2000;
+
 /// Puts and reads small objects until `stop`, timing every call.
 fn keep_working(client: &DummyClient, owner: usize, tag: usize, stop: &AtomicBool) -> Worked {
     let mut worked = Worked::default();
     let config = ReplicateConfig::default();
     let mut round = 0usize;
     while !stop.load(Ordering::Acquire) {
+        if round >= MAX_WRITES_DURING {
+            reread(client, owner, tag, round, &mut worked);
+            round += 1;
+            continue;
+        }
         let key = format!("during-{tag}-{owner}-{round}");
         let bytes = value(owner, 10_000 + round, 4096 + round % 5000);
         let started = Instant::now();
@@ -74,6 +83,22 @@ fn keep_working(client: &DummyClient, owner: usize, tag: usize, stop: &AtomicBoo
         round += 1;
     }
     worked
+}
+
+/// Reads back one of the objects this dummy wrote during the handover (chosen by
+/// `round`), timing the call.
+fn reread(client: &DummyClient, owner: usize, tag: usize, round: usize, worked: &mut Worked) {
+    let index = round * 7919 % MAX_WRITES_DURING;
+    let key = format!("during-{tag}-{owner}-{index}");
+    let started = Instant::now();
+    let read = client.get(&key);
+    worked.longest = worked.longest.max(started.elapsed());
+    worked.calls += 1;
+    match read {
+        Ok(got) if got == value(owner, 10_000 + index, 4096 + index % 5000) => {}
+        Ok(_) => worked.failures.push(format!("get {key}: other bytes")),
+        Err(code) => worked.failures.push(format!("get {key}: {code:?}")),
+    }
 }
 
 /// Fills the segment with `per_dummy` objects of `len` bytes from each dummy.

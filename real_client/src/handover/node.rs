@@ -10,6 +10,7 @@ use std::time::Instant;
 use tokio::sync::watch;
 
 use mooncake_core::master_api::LOCAL_OWNER;
+use mooncake_core::master_api::replication::SnapshotState;
 use mooncake_core::tenant::Tenant;
 use mooncake_master::{Clock, MasterService};
 use mooncake_shm::SharedMemory;
@@ -52,6 +53,7 @@ impl RealClient {
     ) -> Result<(), String> {
         let started = Instant::now();
         background.stop().await;
+        let stopped_ms = started.elapsed().as_millis();
         let embedded = self.embedded_master.take();
         let mut kept = None;
         let master_state = match embedded {
@@ -69,6 +71,7 @@ impl RealClient {
             }
             None => None,
         };
+        let snapshot_ms = started.elapsed().as_millis();
         let master_listener = kept
             .as_ref()
             .and_then(|(_, _, listener, _)| listener.as_ref());
@@ -112,6 +115,8 @@ impl RealClient {
                 }
                 tracing::info!(
                     handover_ms = started.elapsed().as_millis(),
+                    stopped_ms,
+                    snapshot_ms,
                     "handed over to the new mooncake_client"
                 );
                 Ok(())
@@ -192,10 +197,11 @@ impl RealClient {
 
     async fn start_from(
         config: RealClientConfig,
-        state: HandedOver,
+        mut state: HandedOver,
         fds: TakenFds,
         started: Instant,
     ) -> Result<Self, StartError> {
+        let received_ms = started.elapsed().as_millis();
         if state.segment_name != config.segment_name() {
             return Err(mismatch(format!(
                 "the running mooncake_client's segment is {}, this one's would be {}: give the same --host and --port",
@@ -205,7 +211,9 @@ impl RealClient {
         }
         let instance_id = state.instance_id;
         let tenant = Tenant::new(&config.tenant_id).map_err(StartError::Tenant)?;
-        let chosen = adopt_master(&config, &state, fds.master).await?;
+        let snapshot = state.master.take();
+        let chosen = adopt_master(&config, &state, snapshot, fds.master).await?;
+        let installed_ms = started.elapsed().as_millis();
         let master = master_link::MasterLink::new(
             chosen.master,
             tenant,
@@ -270,6 +278,8 @@ impl RealClient {
             segment_bytes = state.segment_len,
             master_objects = state.objects,
             takeover_ms = started.elapsed().as_millis(),
+            received_ms,
+            installed_ms,
             "took over the running mooncake_client: same segment, sockets and instance"
         );
         let (shutdown, _) = watch::channel(false);
@@ -324,13 +334,14 @@ fn taken_segment(
 async fn adopt_master(
     config: &RealClientConfig,
     state: &HandedOver,
+    snapshot: Option<SnapshotState>,
     listener: Option<OwnedFd>,
 ) -> Result<MasterChoice, StartError> {
-    match (&config.master_address, &state.master) {
+    match (&config.master_address, snapshot) {
         (None, Some(snapshot)) => {
             let master = Arc::new(MasterService::new(config.master.clone(), Clock::System));
             master
-                .install_snapshot(snapshot.clone())
+                .install_snapshot(snapshot)
                 .map_err(|reason| mismatch(format!("the embedded master's objects: {reason}")))?;
             let (embedded, secret) = match listener {
                 None => {
