@@ -219,11 +219,24 @@ impl KeyHistory<'_> {
         }
     }
 
+    /// Whether `put` (acknowledged) may have stored nothing of its own: a put of a key
+    /// another write of it is in progress for is acknowledged and leaves that write to
+    /// decide (puts never overwrite), which may then fail.
+    fn deferred(&self, index: usize, put: &Event) -> bool {
+        matches!(put.op, Op::Put(_))
+            && self.each().any(|(other, e)| {
+                other != index
+                    && matches!(e.op, Op::Put(_) | Op::Upsert(_))
+                    && e.invoked < put.returned
+                    && e.returned > put.invoked
+            })
+    }
+
     fn check_absent(&self, read: usize, event: &Event, found: &mut Vec<Violation>) {
         for (write, w) in self.each() {
             let acknowledged_write =
                 matches!(w.op, Op::Put(_) | Op::Upsert(_)) && w.outcome == Outcome::Ok;
-            if !acknowledged_write || w.returned >= event.invoked {
+            if !acknowledged_write || w.returned >= event.invoked || self.deferred(write, w) {
                 continue;
             }
             // Anything that may have removed the object since the write was invoked

@@ -177,9 +177,12 @@ impl Store {
                 Err(code) => results[index] = Err(code),
             }
         }
-        // Peers reading this segment one-sided cannot wait for a copy in flight.
+        // Peers reading this segment one-sided cannot wait for a copy in flight, and a
+        // segment file outlives a crash that would leave such a copy half done under a
+        // committed key (the master gives the segment back with its objects).
         if self.master.is_remote()
             && !self.transport.serves_one_sided()
+            && self.segment.file.is_none()
             && copies_here_only(&accepted, &via, items)
         {
             let reserved = via.into_iter().flatten().collect();

@@ -151,3 +151,18 @@ fn a_key_readable_after_an_acknowledged_remove_is_reported() {
         }]
     );
 }
+
+#[test]
+fn a_put_overlapping_another_write_that_failed_may_leave_the_key_absent() {
+    let events = vec![
+        // A put in progress whose writer died.
+        call("k", Op::Put(1), 0, 50, Outcome::Unknown),
+        // A put acknowledged meanwhile: it deferred to the write in progress.
+        ok("k", Op::Put(2), 10, 20),
+        read("k", Read::Absent, 60, 61),
+    ];
+    assert_eq!(check(&events), vec![]);
+    // Alone, the same acknowledged put may not vanish.
+    let alone = vec![ok("k", Op::Put(2), 10, 20), read("k", Read::Absent, 60, 61)];
+    assert_eq!(check(&alone).len(), 1);
+}

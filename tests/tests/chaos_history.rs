@@ -1,0 +1,439 @@
+//! Chaos under high availability, checked by the history checker (work in progress,
+//! ignored: see the test's note; `chaos.rs` is the chaos test `.ci/run` runs)
+//! (`mooncake_integration_tests::history`), bounded in time (`MOONCAKE_CHAOS_SECS`,
+//! default 90; run it for 600 by hand): a real etcd, three masters, three nodes keeping
+//! their segments in files (`--segment_path`), and six dummies (two per node) doing
+//! put, upsert, get, remove, batch put and batch get on a small key space with one or
+//! two replicas, while processes die with `kill -9` and come back: the leader master, a
+//! standby, a node (its two dummies' calls fail meanwhile), a dummy process. Every call
+//! and its outcome is recorded; at the end each key is read once more and the checker
+//! must find no broken promise: nothing acknowledged lost, no torn or foreign bytes, no
+//! stale read after an acknowledged upsert or remove. Nothing the test started is left
+//! running.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mooncake_dummy_client::{CodeResult, DummyClient, ErrorCode, ReplicateConfig};
+use mooncake_integration_tests::etcd::EtcdServer;
+use mooncake_integration_tests::history::{Event, Op, Outcome, Read, ValueId, check};
+use mooncake_integration_tests::{
+    DummyProcess, MasterProcess, RealClientProcess, eventually, unique_port,
+};
+
+/// Keys every dummy works on (a small space: their calls meet).
+const KEYS: usize = 16;
+/// Dummies calling, two per node.
+const CALLERS: usize = 6;
+
+/// A small deterministic generator (the seed is printed, so a failure replays).
+struct Dice(u64);
+
+impl Dice {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        usize::try_from(self.next() % n as u64).unwrap_or(0)
+    }
+}
+
+fn key(index: usize) -> String {
+    format!("chaos/k{index}")
+}
+
+/// The bytes of value `id` of `key`: its id and length, then a pattern of both.
+fn value_of(key: &str, id: ValueId, len: usize) -> Vec<u8> {
+    let seed = key.bytes().fold(0xcbf2_9ce4_8422_2325u64 ^ id, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let mut bytes: Vec<u8> = (0..len as u64)
+        .map(|i| seed.wrapping_add(i.wrapping_mul(0x9e37_79b9)).to_le_bytes()[3])
+        .collect();
+    bytes[..8].copy_from_slice(&id.to_le_bytes());
+    bytes[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+    bytes
+}
+
+/// Which value `bytes` are, or torn when they are no value of `key` written whole.
+fn read_of(key: &str, bytes: &[u8]) -> Read {
+    let number = |at: usize| {
+        bytes
+            .get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    match (number(0), number(8)) {
+        (Some(id), Some(len))
+            if len == bytes.len() as u64 && value_of(key, id, bytes.len()) == bytes =>
+        {
+            Read::Value(id)
+        }
+        _ => Read::Torn,
+    }
+}
+
+/// A call's outcome as the checker needs it: success, or unknown (a failure may come
+/// from a transport cut after the change was made, or a retry after a failover).
+fn outcome<T>(result: &CodeResult<T>) -> Outcome {
+    if result.is_ok() {
+        Outcome::Ok
+    } else {
+        Outcome::Unknown
+    }
+}
+
+/// What a read answered, as the checker records it.
+fn read_event(key: &str, result: &CodeResult<Vec<u8>>) -> (Op, Outcome) {
+    match result {
+        Ok(bytes) => (Op::Get(Some(read_of(key, bytes))), Outcome::Ok),
+        Err(ErrorCode::OBJECT_NOT_FOUND) => (Op::Get(Some(Read::Absent)), Outcome::Ok),
+        Err(_) => (Op::Get(None), Outcome::Unknown),
+    }
+}
+
+/// The recording: every call with its times on one clock (µs since the start).
+struct Recorder {
+    started: Instant,
+    events: Mutex<Vec<Event>>,
+}
+
+impl Recorder {
+    fn now(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn record(&self, key: &str, op: Op, invoked: u64, outcome: Outcome) {
+        let returned = self.now();
+        self.events.lock().expect("recording").push(Event {
+            key: key.to_string(),
+            op,
+            invoked,
+            returned,
+            outcome,
+        });
+    }
+}
+
+/// One dummy's calls until `stop`: each a random operation on random keys.
+fn call_until(client: &DummyClient, me: usize, seed: u64, stop: &AtomicBool, recorder: &Recorder) {
+    let mut dice = Dice(seed);
+    let mut next_value = (me as u64 + 1) << 40;
+    let mut fresh = || {
+        next_value += 1;
+        next_value
+    };
+    while !stop.load(Ordering::Acquire) {
+        let config = ReplicateConfig {
+            replica_num: 1 + u32::from(dice.below(2) == 1),
+            ..ReplicateConfig::default()
+        };
+        let len = [1 << 10, 8 << 10, 64 << 10][dice.below(3)];
+        let k = key(dice.below(KEYS));
+        let invoked = recorder.now();
+        match dice.below(12) {
+            0..=2 => {
+                let id = fresh();
+                let result = client.put(&k, &value_of(&k, id, len), &config);
+                recorder.record(&k, Op::Put(id), invoked, outcome(&result));
+            }
+            3..=4 => {
+                let id = fresh();
+                let result = client.upsert(&k, &value_of(&k, id, len), &config);
+                recorder.record(&k, Op::Upsert(id), invoked, outcome(&result));
+            }
+            5..=8 => {
+                let result = client.get(&k);
+                let (op, outcome) = read_event(&k, &result);
+                recorder.record(&k, op, invoked, outcome);
+            }
+            9 => {
+                let result = client.remove(&k, true);
+                recorder.record(&k, Op::Remove, invoked, outcome(&result));
+            }
+            10 => {
+                let keys: Vec<String> = (0..3).map(|_| key(dice.below(KEYS))).collect();
+                let mut keys = keys;
+                keys.sort();
+                keys.dedup();
+                let ids: Vec<ValueId> = keys.iter().map(|_| fresh()).collect();
+                let values: Vec<Vec<u8>> = keys
+                    .iter()
+                    .zip(&ids)
+                    .map(|(k, id)| value_of(k, *id, len))
+                    .collect();
+                let slices: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+                let results = client.put_batch(&keys, &slices, &config);
+                for ((k, id), result) in keys.iter().zip(ids).zip(&results) {
+                    recorder.record(k, Op::Put(id), invoked, outcome(result));
+                }
+            }
+            _ => {
+                let keys: Vec<String> = (0..3).map(|_| key(dice.below(KEYS))).collect();
+                let results = client.get_batch(&keys);
+                for (k, result) in keys.iter().zip(&results) {
+                    let (op, outcome) = read_event(k, result);
+                    recorder.record(k, op, invoked, outcome);
+                }
+            }
+        }
+    }
+}
+
+/// The leader, once it counts both other (running) masters in sync. A master is
+/// killed only then: the promise holds while an in-sync standby survives, and a standby
+/// killed a moment ago still counts as in sync until a write waits for it in vain.
+fn healthy_leader(masters: &mut [MasterProcess]) -> Option<usize> {
+    let mut found = None;
+    eventually(Duration::from_secs(10), || {
+        found = leader_of(masters).filter(|&leader| {
+            let health = masters[leader].health().unwrap_or_default();
+            (0..masters.len()).filter(|&i| i != leader).all(|i| {
+                let line = format!(r#""address":"{}","in_sync":true"#, masters[i].address());
+                masters[i].is_running() && health.contains(&line)
+            })
+        });
+        found.is_some()
+    });
+    found
+}
+
+fn leader_of(masters: &[MasterProcess]) -> Option<usize> {
+    let leaders: Vec<usize> = (0..masters.len())
+        .filter(|i| masters[*i].is_leader())
+        .collect();
+    (leaders.len() == 1).then(|| leaders[0])
+}
+
+/// A segment file per node on tmpfs when the machine has one; removed on drop.
+struct SegmentFiles(Vec<std::path::PathBuf>);
+
+impl SegmentFiles {
+    fn new(count: usize) -> Self {
+        let dir = std::path::PathBuf::from("/dev/shm");
+        let dir = if dir.is_dir() {
+            dir
+        } else {
+            std::env::temp_dir()
+        };
+        SegmentFiles(
+            (0..count)
+                .map(|i| dir.join(format!("mooncake-chaos-{}-{i}.segment", std::process::id())))
+                .collect(),
+        )
+    }
+}
+
+impl Drop for SegmentFiles {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// How many of each fault the scheduler injected.
+#[derive(Debug, Default)]
+struct Faults {
+    leader: usize,
+    standby: usize,
+    node: usize,
+    dummy: usize,
+}
+
+#[test]
+#[ignore = "work in progress: a 60 s run did not finish within 10 minutes (the end of the run hangs); run by hand with --ignored"]
+fn chaos_of_kills_breaks_no_promise_of_the_history() {
+    let seconds = std::env::var("MOONCAKE_CHAOS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(90u64);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| {
+            u64::try_from(d.as_nanos() % u128::from(u64::MAX)).unwrap_or(1)
+        })
+        | 1;
+    eprintln!("chaos: {seconds} s, seed {seed}");
+    let mut dice = Dice(seed);
+    let etcd = EtcdServer::start();
+    let cluster = format!("chaos-{}-{}", std::process::id(), unique_port());
+    let mut masters: Vec<MasterProcess> = (0..3)
+        .map(|_| MasterProcess::start_ha(&etcd.endpoint(), &cluster, &[]))
+        .collect();
+    assert!(eventually(Duration::from_secs(15), || leader_of(&masters).is_some()));
+    let master_flag = format!("--master_server_address=etcd://{}", etcd.endpoint());
+    let cluster_flag = format!("--cluster_id={cluster}");
+    let files = SegmentFiles::new(3);
+    let mut nodes: Vec<RealClientProcess> = files
+        .0
+        .iter()
+        .map(|path| {
+            let file_flag = format!("--segment_path={}", path.display());
+            // Reads see other nodes' upserts and removes at once (no read cache: the
+            // checker holds them to the strict promise).
+            RealClientProcess::start(
+                "64MB",
+                &[&master_flag, &cluster_flag, &file_flag, "--read_cache_ms=0"],
+            )
+        })
+        .collect();
+    let mut holders: Vec<DummyProcess> = (0..2)
+        .map(|n| DummyProcess::start(&nodes[n].address(), 4 << 20))
+        .collect();
+    let recorder = Arc::new(Recorder {
+        started: Instant::now(),
+        events: Mutex::new(Vec::new()),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|me| {
+            let client =
+                DummyClient::setup_dummy(32 << 20, 8 << 20, Some(&nodes[me % 3].address()))
+                    .expect("a calling dummy attaches");
+            let (stop, recorder) = (Arc::clone(&stop), Arc::clone(&recorder));
+            let seed = seed.wrapping_mul(me as u64 + 3) | 1;
+            std::thread::spawn(move || {
+                call_until(&client, me, seed, &stop, &recorder);
+                client
+            })
+        })
+        .collect();
+
+    let mut faults = Faults::default();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        std::thread::sleep(Duration::from_millis(500));
+        match dice.below(6) {
+            0 => {
+                if let Some(leader) = healthy_leader(&mut masters) {
+                    masters[leader].kill9();
+                    faults.leader += 1;
+                    std::thread::sleep(Duration::from_millis(200));
+                    masters[leader].restart();
+                }
+            }
+            1 => {
+                if let Some(leader) = healthy_leader(&mut masters) {
+                    let standby = (leader + 1 + dice.below(2)) % 3;
+                    masters[standby].kill9();
+                    faults.standby += 1;
+                    masters[standby].restart();
+                }
+            }
+            2 => {
+                let node = dice.below(nodes.len());
+                nodes[node].kill9();
+                faults.node += 1;
+                std::thread::sleep(Duration::from_millis(100));
+                nodes[node].restart();
+            }
+            3 => {
+                let holder = dice.below(holders.len());
+                holders[holder].kill9();
+                faults.dummy += 1;
+                // The node may be restarting (it serves once its segment is mounted).
+                let node = dice.below(nodes.len());
+                let mut attached = None;
+                eventually(Duration::from_secs(20), || {
+                    attached = DummyProcess::try_start(&nodes[node].address(), 4 << 20);
+                    attached.is_some()
+                });
+                holders[holder] = attached.expect("a dummy attaches to a restarted node");
+            }
+            _ => {}
+        }
+    }
+    stop.store(true, Ordering::Release);
+    let clients: Vec<DummyClient> = callers
+        .into_iter()
+        .map(|c| c.join().expect("caller"))
+        .collect();
+
+    // The cluster serves, and every key is read once more.
+    assert!(eventually(Duration::from_secs(20), || leader_of(&masters).is_some()));
+    assert!(
+        eventually(Duration::from_secs(20), || clients[0]
+            .put("after-chaos", b"served", &ReplicateConfig::default())
+            .is_ok()),
+        "the cluster does not serve after the chaos"
+    );
+    for index in 0..KEYS {
+        let k = key(index);
+        let reader = &clients[index % CALLERS];
+        let mut last = (Op::Get(None), Outcome::Unknown);
+        let mut invoked = recorder.now();
+        eventually(Duration::from_secs(20), || {
+            invoked = recorder.now();
+            last = read_event(&k, &reader.get(&k));
+            last.1 == Outcome::Ok
+        });
+        recorder.record(&k, last.0, invoked, last.1);
+    }
+
+    let events = std::mem::take(&mut *recorder.events.lock().expect("recording"));
+    let violations = check(&events);
+    let count = |pick: fn(&Event) -> bool| events.iter().filter(|e| pick(e)).count();
+    eprintln!(
+        "chaos: {} calls ({} puts, {} upserts, {} reads, {} removes; {} acknowledged, {} in doubt), faults {faults:?}, {} violations",
+        events.len(),
+        count(|e| matches!(e.op, Op::Put(_))),
+        count(|e| matches!(e.op, Op::Upsert(_))),
+        count(|e| matches!(e.op, Op::Get(_))),
+        count(|e| matches!(e.op, Op::Remove)),
+        count(|e| e.outcome == Outcome::Ok),
+        count(|e| e.outcome == Outcome::Unknown),
+        violations.len()
+    );
+    assert!(
+        count(|e| e.outcome == Outcome::Ok && matches!(e.op, Op::Get(Some(Read::Value(_))))) > 0,
+        "no read found a value: the load did not run"
+    );
+    if !violations.is_empty() {
+        for violation in violations.iter().take(10) {
+            eprintln!("violation: {violation:?}");
+        }
+        let shown: Vec<&Event> = events
+            .iter()
+            .filter(|e| {
+                violations
+                    .iter()
+                    .take(3)
+                    .any(|v| format!("{v:?}").contains(&format!("\"{}\"", e.key)))
+            })
+            .collect();
+        for event in shown.iter().take(200) {
+            eprintln!("  {event:?}");
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "{} broken promises (seed {seed})",
+        violations.len()
+    );
+
+    drop(clients);
+    let pids: Vec<u32> = holders
+        .iter()
+        .map(DummyProcess::pid)
+        .chain(nodes.iter().map(RealClientProcess::pid))
+        .chain(masters.iter().filter_map(MasterProcess::pid))
+        .collect();
+    drop(holders);
+    drop(nodes);
+    drop(masters);
+    drop(etcd);
+    for pid in pids {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| s.contains(") Z ")),
+            "process {pid} still runs after the test"
+        );
+    }
+}
