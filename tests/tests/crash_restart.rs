@@ -49,10 +49,15 @@ fn dummy(node: &RealClientProcess) -> DummyClient {
     DummyClient::setup_dummy(32 << 20, 8 << 20, Some(&node.address())).expect("setup_dummy")
 }
 
-/// The bytes of object `index` of writer `owner`: sizes from 1 KiB to 1 MiB, each
+/// Most objects one writer puts: what the writers leave stays far below the segment's
+/// eviction watermark however fast the machine (eviction would remove acknowledged
+/// objects, as it may).
+const MAX_PUTS: usize = 1000;
+
+/// The bytes of object `index` of writer `owner`: sizes from 1 KiB to 129 KiB, each
 /// object's bytes its own.
 fn value(owner: usize, index: usize) -> Vec<u8> {
-    let len = 1024 + (index * 7919 + owner * 104_729) % (1 << 20);
+    let len = 1024 + (index * 7919 + owner * 104_729) % (128 << 10);
     let mut state = (owner as u64) << 32 | index as u64 | 1;
     (0..len)
         .map(|_| {
@@ -76,7 +81,7 @@ struct Acknowledged {
 fn write_until_killed(client: &DummyClient, owner: usize, stop: &AtomicBool) -> Acknowledged {
     let mut acknowledged = Acknowledged::default();
     let config = ReplicateConfig::default();
-    for index in 0.. {
+    for index in 0..MAX_PUTS {
         if stop.load(Ordering::Acquire) {
             break;
         }
