@@ -40,6 +40,10 @@ pub struct MountedSegment {
     allocator: Mutex<RangeAllocator>,
     /// Allocations and frees are journaled here (high availability).
     journal: JournalSlot,
+    /// The segment that replaced this one when its restarted owner took it back
+    /// ([`SegmentTable::remount`]): it holds the space now, so a free arriving through
+    /// an old reference (a deferred free, a replaced write) goes there.
+    successor: OnceLock<Arc<MountedSegment>>,
 }
 
 /// A cheap 64-bit mix (splitmix64) used to randomize placement.
@@ -62,6 +66,10 @@ impl MountedSegment {
     /// Returns space to the segment.
     pub fn free(&self, allocation: Allocation) {
         let mut allocator = self.allocator.lock();
+        if let Some(successor) = self.successor.get() {
+            drop(allocator);
+            return successor.free(allocation);
+        }
         if allocator.free(allocation) {
             self.journal_space(Change::Freed, allocation);
         } else {
@@ -199,6 +207,7 @@ impl SegmentTable {
             owner: image.owner,
             generation: image.generation,
             awaiting_owner: Default::default(),
+            successor: OnceLock::new(),
             allocator: Mutex::new(allocator),
             journal: Arc::clone(&self.journal),
         })
@@ -233,13 +242,17 @@ impl SegmentTable {
     ) -> Option<Arc<MountedSegment>> {
         let mut segments = self.segments.write();
         let old = segments.get(&id)?;
-        let allocator = std::mem::replace(&mut *old.allocator.lock(), RangeAllocator::new(0));
+        // Held until the successor is set: a free meanwhile waits, then goes there.
+        let mut old_allocator = old.allocator.lock();
+        let allocator = std::mem::replace(&mut *old_allocator, RangeAllocator::new(0));
         let image = SegmentImage {
             owner,
             endpoint: endpoint.to_string(),
             ..old.image_with_capacity(allocator.capacity())
         };
         let segment = self.segment(&image, allocator);
+        let _ = old.successor.set(Arc::clone(&segment));
+        drop(old_allocator);
         if let Some(journal) = self.journal() {
             journal.record(Change::Remounted(image));
         }

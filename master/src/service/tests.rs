@@ -994,6 +994,21 @@ fn a_restarted_owner_with_the_same_segment_file_takes_its_objects_back() {
 }
 
 #[test]
+fn space_freed_after_the_owner_took_its_segment_back_returns_to_it() {
+    let (master, clock, _) = with_segment_file(42, MasterConfig::default());
+    // A reader's lease defers the free of the removed object past the remount.
+    master.get_replica_list("kept").expect("leased");
+    assert_eq!(master.remove("kept", true), Ok(()));
+    master
+        .mount_segment("node-b:50052", 1 << 20, 8, "10.0.0.2:2000", 42)
+        .expect("remount");
+    clock.advance(Duration::from_secs(120));
+    master.maintenance();
+    // The whole segment is free again: one object fills it.
+    put(&master, "whole", 1 << 20).expect("the freed space is back in the segment");
+}
+
+#[test]
 fn another_generation_on_the_same_name_starts_empty() {
     let (master, _, id) = with_segment_file(42, MasterConfig::default());
     let again = master
