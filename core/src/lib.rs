@@ -12,12 +12,15 @@
 //!   service itself lives in the `mooncake-master` crate);
 //! * [`protocol`]: the dummy ↔ real client handshake, the RPC definitions and
 //!   [`RemoteMaster`](protocol::master_client::RemoteMaster), a master reached over TCP;
+//! * [`failpoint`]: named places where tests make production failures happen
+//!   (evaluated only in builds with the `failpoints` feature);
 //! * [`ids`]: random identifiers of processes, clients and tasks;
 //! * [`stand_in`]: stand-in native libraries compiled for tests (GPU drivers, verbs).
 
 pub mod allocator;
 pub mod config_file;
 pub mod error;
+pub mod failpoint;
 pub mod flags;
 pub mod http;
 pub mod ids;

@@ -18,6 +18,7 @@ use mooncake_core::protocol::auth::{AUTH_FLAGS, ClusterSecret, SecretError};
 
 use super::ha::HaSettings;
 use super::ha::etcd::Etcd;
+use super::ha::etcd_tls::{ETCD_TLS_FLAGS, EtcdTls};
 use super::ha::node::HaNode;
 use super::ha::supervisor::{Supervision, supervise};
 use super::running::{BindError, RunningMaster};
@@ -487,6 +488,7 @@ pub static MASTER_FLAGS: &[FlagSpec] = &[
 pub static FLAGS: &[&[FlagSpec]] = &[
     MASTER_FLAGS,
     AUTH_FLAGS,
+    ETCD_TLS_FLAGS,
     LOG_FLAGS,
     KEEP_AWAKE_FLAGS,
     ARENA_FLAGS,
@@ -669,8 +671,11 @@ fn ha_settings(
             "--ha_sync_timeout_ms must be 10 to 60000 ms".into(),
         ));
     }
+    let etcd_tls = EtcdTls::from_flags(flags)
+        .map_err(|error| DaemonConfigError::Invalid(error.to_string()))?;
     Ok(Some(HaSettings {
         etcd_endpoints,
+        etcd_tls,
         cluster_id: cluster_id.to_string(),
         lease_ttl,
         sync_timeout,
@@ -843,7 +848,7 @@ async fn run_highly_available(
     if let Some(secret) = &config.cluster_secret {
         master.sign_transfers(Arc::clone(secret));
     }
-    let etcd = Etcd::connect(&ha.etcd_endpoints, &ha.cluster_id).await?;
+    let etcd = Etcd::connect(&ha.etcd_endpoints, &ha.cluster_id, ha.etcd_tls.as_ref()).await?;
     let node = Arc::new(HaNode::new(
         Arc::clone(&master),
         etcd,

@@ -11,6 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::failpoint;
 use mooncake_core::master_api::{
     CallKind, MASTER_PROTOCOL_VERSION, MAX_MASTER_BATCH, Master, MasterCall, MasterHello,
     MasterRequest, MasterResponse,
@@ -149,6 +150,11 @@ impl MasterRpc for MasterHandler {
         let started = Instant::now();
         let response = self.master.call(request).await;
         self.count(op, started.elapsed(), &bytes, &response);
+        if failpoint::ENABLED
+            && failpoint::hit(&format!("{FAILPOINT_ANSWER_PREFIX}{:?}", shape.call)).is_some()
+        {
+            return shape.failed(ErrorCode::RPC_FAIL);
+        }
         response
     }
 
@@ -171,6 +177,13 @@ impl MasterRpc for MasterHandler {
         node.snapshot(standby, part).await
     }
 }
+
+/// Prefix of the failpoints of the master's answers, one per call
+/// (`master.answer.PutEnd`, `master.answer.Remove`, ... : the names of
+/// [`MasterCall`](mooncake_core::master_api::MasterCall)): when one fires, the call is
+/// carried out and its answer replaced by `RPC_FAIL`, as when the connection drops
+/// after the master made the change.
+pub const FAILPOINT_ANSWER_PREFIX: &str = "master.answer.";
 
 /// Connections that may be authenticating at once; further ones are closed at once.
 pub const MAX_PENDING_AUTH: usize = 64;

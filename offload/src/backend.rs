@@ -359,7 +359,7 @@ impl ReadPlan {
             Some(Err(error)) if error.kind() == std::io::ErrorKind::NotFound => {
                 Err(StoreError::NotFound)
             }
-            Some(Err(_)) => Err(StoreError::Corrupt(record::RecordError::Truncated)),
+            Some(Err(error)) => Err(read_failed(path, error)),
             None => self.read_buffered(path, offset, io, value),
         }
     }
@@ -393,11 +393,10 @@ impl ReadPlan {
     ) -> Result<u64, StoreError> {
         let file = File::open(path).map_err(|_| StoreError::NotFound)?;
         let mut head = vec![0u8; HEADER_LEN + self.key.len()];
-        let truncated = |_| StoreError::Corrupt(record::RecordError::Truncated);
         io.read_exact_at(&file, &mut head, offset)
-            .map_err(truncated)?;
+            .map_err(|error| read_failed(path, error))?;
         io.read_exact_at(&file, value, offset + head.len() as u64)
-            .map_err(truncated)?;
+            .map_err(|error| read_failed(path, error))?;
         self.check(&head, value)
     }
 
@@ -565,6 +564,17 @@ pub(crate) fn append_record(out: &mut Vec<u8>, key: &str, value: &[u8]) {
 /// Bytes of the record of `key` and `value`.
 pub(crate) fn record_len(key: &str, value: &[u8]) -> u64 {
     (HEADER_LEN + key.len()) as u64 + value.len() as u64
+}
+
+/// What a failed read of a record in `path` means: a file that ends early holds a torn
+/// record (dropped by the caller); any other error (`EIO`, a disk gone) says nothing
+/// about the record, which stays for the next read.
+fn read_failed(path: &Path, error: std::io::Error) -> StoreError {
+    if error.kind() == std::io::ErrorKind::UnexpectedEof {
+        StoreError::Corrupt(record::RecordError::Truncated)
+    } else {
+        io_error("read", path)(error)
+    }
 }
 
 /// Opens `path` for reading and writing, creating it when missing.

@@ -238,6 +238,42 @@ fn run_ring(mut ring: IoUring, queue: &std::sync::mpsc::Receiver<Job>) {
     }
 }
 
+/// Failpoint of every read of the tier's files (args: `eio`, the default, or `enospc`).
+pub const FAILPOINT_READ: &str = "offload.disk.read";
+/// Failpoint of every write of the tier's files: `eio` (the default) and `enospc` fail
+/// before writing; `short` writes the first half of the bytes, then fails with `ENOSPC`
+/// as a disk that fills up mid-write does.
+pub const FAILPOINT_WRITE: &str = "offload.disk.write";
+/// Failpoint of every `fdatasync` of the tier's files (args as reads).
+pub const FAILPOINT_FSYNC: &str = "offload.disk.fsync";
+
+/// The error failpoint `name` injects, when it fires.
+fn injected(name: &str) -> Option<std::io::Error> {
+    let arg = mooncake_core::failpoint::hit(name)?;
+    let code = if arg == "enospc" || arg == "short" {
+        libc::ENOSPC
+    } else {
+        libc::EIO
+    };
+    Some(std::io::Error::from_raw_os_error(code))
+}
+
+/// The error [`FAILPOINT_WRITE`] injects into a write of `buf` at `offset`, having
+/// written half of it for `short`.
+fn injected_write(file: &File, buf: &[u8], offset: u64) -> Option<std::io::Error> {
+    let arg = mooncake_core::failpoint::hit(FAILPOINT_WRITE)?;
+    if arg == "short" {
+        let _ = file.write_all_at(&buf[..buf.len() / 2], offset);
+    }
+    Some(std::io::Error::from_raw_os_error(
+        if arg == "eio" || arg.is_empty() {
+            libc::EIO
+        } else {
+            libc::ENOSPC
+        },
+    ))
+}
+
 /// How the tier reads and writes its files.
 pub enum IoEngine {
     /// `pread`/`pwrite`/`fdatasync`.
@@ -281,6 +317,9 @@ impl IoEngine {
 
     /// Reads exactly `buf.len()` bytes at `offset`.
     pub fn read_exact_at(&self, file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if let Some(error) = injected(FAILPOINT_READ) {
+            return Err(error);
+        }
         let IoEngine::Uring(ring) = self else {
             return file.read_exact_at(buf, offset);
         };
@@ -299,6 +338,9 @@ impl IoEngine {
 
     /// Writes all of `buf` at `offset`.
     pub fn write_all_at(&self, file: &File, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        if let Some(error) = injected_write(file, buf, offset) {
+            return Err(error);
+        }
         let IoEngine::Uring(ring) = self else {
             return file.write_all_at(buf, offset);
         };
@@ -314,6 +356,9 @@ impl IoEngine {
 
     /// Flushes the file's data to the device.
     pub fn sync_data(&self, file: &File) -> std::io::Result<()> {
+        if let Some(error) = injected(FAILPOINT_FSYNC) {
+            return Err(error);
+        }
         let IoEngine::Uring(ring) = self else {
             return file.sync_data();
         };
@@ -328,6 +373,11 @@ impl IoEngine {
     /// [`RING_ENTRIES`] operations queued at once (one submission); short writes are
     /// finished one by one.
     pub fn write_batch_at(&self, file: &File, writes: &[(u64, &[u8])]) -> std::io::Result<()> {
+        if let Some((offset, bytes)) = writes.first()
+            && let Some(error) = injected_write(file, bytes, *offset)
+        {
+            return Err(error);
+        }
         let IoEngine::Uring(ring) = self else {
             return writes
                 .iter()
@@ -386,6 +436,9 @@ impl IoEngine {
         let IoEngine::Uring(ring) = self else {
             return None;
         };
+        if let Some(error) = injected(FAILPOINT_READ) {
+            return Some(Err(error));
+        }
         let file = match std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECT)

@@ -98,6 +98,7 @@ pub static CLIENT_FLAGS: &[FlagSpec] = &[
 pub static FLAGS: &[&[FlagSpec]] = &[
     CLIENT_FLAGS,
     AUTH_FLAGS,
+    mooncake_master::ha::etcd_tls::ETCD_TLS_FLAGS,
     LOG_FLAGS,
     KEEP_AWAKE_FLAGS,
     ARENA_FLAGS,
@@ -174,6 +175,8 @@ pub struct RealClientConfig {
     pub master_address: Option<String>,
     /// The cluster whose leader an `etcd://` master address follows.
     pub cluster_id: String,
+    /// TLS for the connection to etcd of an `etcd://` master address.
+    pub etcd_tls: Option<mooncake_master::ha::etcd_tls::EtcdTls>,
     /// Loopback port on which the embedded master is also served (0: not served).
     pub embedded_master_port: u16,
     /// Loopback port of the readiness listener (0: none; see [`crate::readiness`]).
@@ -375,6 +378,8 @@ impl RealClientConfig {
             cluster_id: flags
                 .string("cluster_id")
                 .unwrap_or_else(|| "mooncake_cluster".into()),
+            etcd_tls: mooncake_master::ha::etcd_tls::EtcdTls::from_flags(flags)
+                .map_err(|error| invalid("etcd_ca_file", error.to_string()))?,
             embedded_master_port: flags.number("embedded_master_port")?.unwrap_or(0),
             readiness_port: match flags.number::<u16>("readiness_port")? {
                 Some(asked) => asked,

@@ -73,6 +73,7 @@ fn code(error: &StoreError) -> ErrorCode {
         StoreError::Invalid(_) | StoreError::Unsupported(_) | StoreError::Setup(_) => {
             ErrorCode::INVALID_PARAMS
         }
+        StoreError::Io { op: "read", .. } => ErrorCode::FILE_READ_FAIL,
         StoreError::QuotaExceeded { .. } | StoreError::Io { .. } => ErrorCode::FILE_WRITE_FAIL,
         StoreError::Remote(_) => ErrorCode::TRANSFER_FAIL,
     }

@@ -166,6 +166,11 @@ pub fn serve(
     }
 }
 
+/// Failpoint of the registration of a dummy's shared memory (its pool, staging buffer
+/// or a host allocation): when it fires the registration is refused as a failed
+/// mapping would be, and the dummy's call fails with the reason.
+pub const FAILPOINT_REGISTER: &str = "client.register";
+
 fn register(
     session: &Arc<Session>,
     registration: SegmentRegistration,
@@ -198,6 +203,12 @@ fn register(
         return Err(format!(
             "registering {} bytes would exceed the limit of {} bytes for all dummies together (--max_total_dummy_shm_size)",
             registration.len, identity.max_total_mapped_bytes
+        ));
+    }
+    if mooncake_core::failpoint::hit(FAILPOINT_REGISTER).is_some() {
+        return Err(format!(
+            "cannot map the {} bytes of shared memory: injected failure (failpoint {FAILPOINT_REGISTER})",
+            registration.len
         ));
     }
     let memory = SharedMemory::map_received(fd, registration.len).map_err(|e| e.to_string())?;

@@ -356,6 +356,7 @@ async fn choose_master(
                 })
             })?,
             config.cluster_id.clone(),
+            config.etcd_tls.clone(),
             secret.clone(),
             mooncake_master::ha::follow::DEFAULT_FAILOVER_WAIT,
         )),

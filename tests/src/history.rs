@@ -23,7 +23,7 @@
 //! Writes whose outcome is unknown (the client died, the call failed in transport) may
 //! or may not have happened: the checker accepts either.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Identifies one written value of one key (embedded in its bytes by the writer).
 pub type ValueId = u64;
@@ -126,6 +126,8 @@ pub enum Violation {
 }
 
 /// Every broken promise in `events`, key by key, in order of the reads that show them.
+/// Each key is checked in O(n log n) of its events, so a ten-minute recording of
+/// hundreds of thousands of calls checks in seconds.
 pub fn check(events: &[Event]) -> Vec<Violation> {
     let mut by_key: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (index, event) in events.iter().enumerate() {
@@ -133,30 +135,119 @@ pub fn check(events: &[Event]) -> Vec<Violation> {
     }
     let mut found = Vec::new();
     for (key, indexes) in by_key {
-        KeyHistory {
-            key,
-            events,
-            indexes,
-        }
-        .check(&mut found);
+        KeyHistory::new(key, events, indexes).check(&mut found);
     }
     found
 }
 
-/// The events of one key.
+/// Events sorted by one time, each with the largest other time of it and the events
+/// before it: answers "of the events whose `sort` time is below `t`, which has the
+/// largest `max` time" in O(log n).
+struct PrefixMax {
+    /// `sort` times, ascending.
+    keys: Vec<u64>,
+    /// For each prefix `..=i`: the largest `max` time and its event.
+    best: Vec<(u64, usize)>,
+}
+
+impl PrefixMax {
+    /// Over `(sort, max, event)` triples.
+    fn new(mut items: Vec<(u64, u64, usize)>) -> Self {
+        items.sort_unstable();
+        let mut best: Vec<(u64, usize)> = Vec::with_capacity(items.len());
+        for &(_, max, event) in &items {
+            let next = match best.last() {
+                Some(&(top, at)) if top >= max => (top, at),
+                _ => (max, event),
+            };
+            best.push(next);
+        }
+        PrefixMax {
+            keys: items.iter().map(|&(sort, _, _)| sort).collect(),
+            best,
+        }
+    }
+
+    /// Of the events whose `sort` time is below `limit` (or at most `limit` when
+    /// `inclusive`), the largest `max` time and its event.
+    fn before(&self, limit: u64, inclusive: bool) -> Option<(u64, usize)> {
+        let count = self
+            .keys
+            .partition_point(|&k| if inclusive { k <= limit } else { k < limit });
+        count.checked_sub(1).map(|last| self.best[last])
+    }
+}
+
+/// The events of one key, and what the checks look up in them.
 struct KeyHistory<'a> {
     key: &'a str,
     events: &'a [Event],
     indexes: Vec<usize>,
+    /// The write (that may have happened) of each value.
+    writes: HashMap<ValueId, usize>,
+    /// Acknowledged upserts and removes by return time, largest invocation time first:
+    /// what a later read may not see past.
+    overwrites: PrefixMax,
+    /// Acknowledged writes that stored their own value, by return time, largest
+    /// invocation time first.
+    stored: PrefixMax,
+    /// Everything that may have removed the object, by invocation time, latest return
+    /// time first.
+    removals: PrefixMax,
 }
 
-impl KeyHistory<'_> {
-    fn each(&self) -> impl Iterator<Item = (usize, &Event)> + '_ {
-        self.indexes.iter().map(|&i| (i, &self.events[i]))
+impl<'a> KeyHistory<'a> {
+    fn new(key: &'a str, events: &'a [Event], indexes: Vec<usize>) -> Self {
+        let each = || indexes.iter().map(|&i| (i, &events[i]));
+        let writes = each()
+            .filter_map(|(i, e)| match e.op {
+                Op::Put(v) | Op::Upsert(v) if e.outcome.may_have_happened() => Some((v, i)),
+                _ => None,
+            })
+            .collect();
+        let overwrites = PrefixMax::new(
+            each()
+                .filter(|(_, e)| {
+                    e.outcome == Outcome::Ok && matches!(e.op, Op::Upsert(_) | Op::Remove)
+                })
+                .map(|(i, e)| (e.returned, e.invoked, i))
+                .collect(),
+        );
+        let deferred = deferred_puts(events, &indexes);
+        let stored = PrefixMax::new(
+            each()
+                .filter(|(i, e)| {
+                    e.outcome == Outcome::Ok
+                        && matches!(e.op, Op::Put(_) | Op::Upsert(_))
+                        && !deferred.contains(i)
+                })
+                .map(|(i, e)| (e.returned, e.invoked, i))
+                .collect(),
+        );
+        let removals = PrefixMax::new(
+            each()
+                .filter(|(_, e)| match e.op {
+                    Op::Remove => e.outcome.may_have_happened(),
+                    Op::Evicted | Op::Expired => true,
+                    _ => false,
+                })
+                .map(|(i, e)| (e.invoked, e.returned, i))
+                .collect(),
+        );
+        KeyHistory {
+            key,
+            events,
+            indexes,
+            writes,
+            overwrites,
+            stored,
+            removals,
+        }
     }
 
     fn check(&self, found: &mut Vec<Violation>) {
-        for (read, event) in self.each() {
+        for &read in &self.indexes {
+            let event = &self.events[read];
             let Op::Get(Some(answer)) = event.op else {
                 continue;
             };
@@ -174,91 +265,120 @@ impl KeyHistory<'_> {
         }
     }
 
-    /// The write of `value`, if any write of this key carried it.
-    fn write_of(&self, value: ValueId) -> Option<(usize, &Event)> {
-        self.each().find(|(_, e)| {
-            matches!(e.op, Op::Put(v) | Op::Upsert(v) if v == value)
-                && e.outcome.may_have_happened()
-        })
-    }
-
+    /// A read of `value`: some write carried it, and no upsert or remove acknowledged
+    /// before the read was invoked was invoked after that write was acknowledged.
     fn check_value(&self, read: usize, event: &Event, value: ValueId, found: &mut Vec<Violation>) {
-        let Some((_, write)) = self.write_of(value) else {
+        let Some(&written) = self.writes.get(&value) else {
             found.push(Violation::NeverWritten {
                 key: self.key.to_string(),
                 read,
             });
             return;
         };
-        let written_before = |at: u64| write.outcome == Outcome::Ok && write.returned < at;
-        for (index, other) in self.each() {
-            if other.outcome != Outcome::Ok || other.returned >= event.invoked {
-                continue;
-            }
-            match other.op {
-                Op::Upsert(newer) if newer != value && written_before(other.invoked) => {
-                    found.push(Violation::StaleAfterUpsert {
-                        key: self.key.to_string(),
-                        upsert: index,
-                        read,
-                        value,
-                    });
-                    return;
-                }
-                Op::Remove if written_before(other.invoked) => {
-                    found.push(Violation::ReadableAfterRemove {
-                        key: self.key.to_string(),
-                        remove: index,
-                        read,
-                        value,
-                    });
-                    return;
-                }
-                _ => {}
-            }
+        let write = &self.events[written];
+        if write.outcome != Outcome::Ok {
+            return;
         }
+        let Some((invoked, later)) = self.overwrites.before(event.invoked, false) else {
+            return;
+        };
+        if invoked <= write.returned {
+            return;
+        }
+        let key = self.key.to_string();
+        found.push(match self.events[later].op {
+            Op::Remove => Violation::ReadableAfterRemove {
+                key,
+                remove: later,
+                read,
+                value,
+            },
+            _ => Violation::StaleAfterUpsert {
+                key,
+                upsert: later,
+                read,
+                value,
+            },
+        });
     }
 
-    /// Whether `put` (acknowledged) may have stored nothing of its own: a put of a key
-    /// another write of it is in progress for is acknowledged and leaves that write to
-    /// decide (puts never overwrite), which may then fail.
-    fn deferred(&self, index: usize, put: &Event) -> bool {
-        matches!(put.op, Op::Put(_))
-            && self.each().any(|(other, e)| {
-                other != index
-                    && matches!(e.op, Op::Put(_) | Op::Upsert(_))
-                    && e.invoked < put.returned
-                    && e.returned > put.invoked
-            })
-    }
-
+    /// A read answering absent: every write acknowledged before it was invoked (that
+    /// stored its own value) is explained by something that may have removed the
+    /// object, invoked before the read returned and returning after the write was
+    /// invoked.
     fn check_absent(&self, read: usize, event: &Event, found: &mut Vec<Violation>) {
-        for (write, w) in self.each() {
-            let acknowledged_write =
-                matches!(w.op, Op::Put(_) | Op::Upsert(_)) && w.outcome == Outcome::Ok;
-            if !acknowledged_write || w.returned >= event.invoked || self.deferred(write, w) {
-                continue;
-            }
-            // Anything that may have removed the object since the write was invoked
-            // explains its absence.
-            let explained = self.each().any(|(_, e)| {
-                let removes = match e.op {
-                    Op::Remove => e.outcome.may_have_happened(),
-                    Op::Evicted | Op::Expired => true,
-                    _ => false,
-                };
-                removes && e.returned >= w.invoked && e.invoked <= event.returned
+        let Some((invoked, write)) = self.stored.before(event.invoked, false) else {
+            return;
+        };
+        let removed_since = self
+            .removals
+            .before(event.returned, true)
+            .is_some_and(|(returned, _)| returned >= invoked);
+        if !removed_since {
+            found.push(Violation::LostWrite {
+                key: self.key.to_string(),
+                write,
+                read,
             });
-            if !explained {
-                found.push(Violation::LostWrite {
-                    key: self.key.to_string(),
-                    write,
-                    read,
-                });
-                return;
-            }
         }
     }
+}
+
+/// How long a write whose outcome is unknown may stay in progress at the master after
+/// it was invoked (its writer may be gone): until the master discards it, at
+/// `--put_start_discard_timeout_sec` (30 s by default).
+pub const UNFINISHED_WRITE_US: u64 = 30_000_000;
+
+/// When write `e` may still be in progress at the master: when it returned, or for a
+/// write whose outcome is unknown, until the master discards it.
+fn in_progress_until(e: &Event) -> u64 {
+    if e.outcome == Outcome::Unknown {
+        e.returned
+            .max(e.invoked.saturating_add(UNFINISHED_WRITE_US))
+    } else {
+        e.returned
+    }
+}
+
+/// The acknowledged puts that may have stored nothing of their own: a put of a key
+/// another write of it is in progress for is acknowledged and leaves that write to
+/// decide (puts never overwrite), which may then fail. A put is deferred when another
+/// put or upsert may be in progress while it runs: one overlapping it in time, or one
+/// whose outcome is unknown invoked less than [`UNFINISHED_WRITE_US`] before it.
+fn deferred_puts(events: &[Event], indexes: &[usize]) -> HashSet<usize> {
+    let mut writes: Vec<(u64, u64, usize)> = indexes
+        .iter()
+        .map(|&i| (i, &events[i]))
+        .filter(|(_, e)| matches!(e.op, Op::Put(_) | Op::Upsert(_)))
+        .map(|(i, e)| (e.invoked, in_progress_until(e), i))
+        .collect();
+    writes.sort_unstable();
+    // The two latest return times among the writes invoked so far (a write must not
+    // count itself).
+    let mut top: Vec<[(u64, usize); 2]> = Vec::with_capacity(writes.len());
+    for &(_, returned, i) in &writes {
+        let mut pair = top.last().copied().unwrap_or([(0, usize::MAX); 2]);
+        if returned > pair[0].0 {
+            pair = [(returned, i), pair[0]];
+        } else if returned > pair[1].0 {
+            pair[1] = (returned, i);
+        }
+        top.push(pair);
+    }
+    writes
+        .iter()
+        .filter(|&&(_, _, i)| matches!(events[i].op, Op::Put(_)))
+        .filter(|&&(invoked, _, i)| {
+            let returned = events[i].returned;
+            let before = writes.partition_point(|&(other, _, _)| other < returned);
+            before.checked_sub(1).is_some_and(|last| {
+                top[last]
+                    .iter()
+                    .any(|&(end, other)| other != i && other != usize::MAX && end > invoked)
+            })
+        })
+        .map(|&(_, _, i)| i)
+        .collect()
 }
 
 impl Outcome {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use mooncake_core::protocol::address::SocketAddress;
 
 pub mod etcd;
+pub mod failpoints;
 pub mod history;
 pub mod offload;
 pub mod redis;
@@ -73,18 +74,29 @@ pub struct MasterProcess {
     /// Its HTTP port (`/health`, `/metrics`; 0: none).
     pub metrics_port: u16,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl MasterProcess {
     /// Starts `mooncake_master` on a free loopback port with `extra` flags.
     pub fn start(extra: &[&str]) -> Self {
-        Self::start_serving_http(extra, 0)
+        Self::start_serving_http(extra, 0, &[])
     }
 
     /// Starts a master with `--enable_ha` in the cluster `cluster_id` of the etcd at
     /// `etcd_endpoint` (see [`etcd::EtcdServer::endpoint`]), with its HTTP server on a
     /// free port.
     pub fn start_ha(etcd_endpoint: &str, cluster_id: &str, extra: &[&str]) -> Self {
+        Self::start_ha_with_env(etcd_endpoint, cluster_id, extra, &[])
+    }
+
+    /// [`start_ha`](Self::start_ha) with extra environment variables.
+    pub fn start_ha_with_env(
+        etcd_endpoint: &str,
+        cluster_id: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut flags = vec![
             "--enable_ha".to_string(),
             format!("--etcd_endpoints={etcd_endpoint}"),
@@ -93,10 +105,15 @@ impl MasterProcess {
         ];
         flags.extend(extra.iter().map(|s| s.to_string()));
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        Self::start_serving_http(&flags, free_tcp_port())
+        Self::start_serving_http(&flags, free_tcp_port(), env)
     }
 
-    fn start_serving_http(extra: &[&str], metrics_port: u16) -> Self {
+    /// [`start`](Self::start) with extra environment variables.
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_serving_http(extra, 0, env)
+    }
+
+    fn start_serving_http(extra: &[&str], metrics_port: u16, env: &[(&str, &str)]) -> Self {
         let port = free_tcp_port();
         let mut args = vec![
             format!("--rpc_port={port}"),
@@ -112,6 +129,10 @@ impl MasterProcess {
             port,
             metrics_port,
             args,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
         };
         master.spawn();
         master
@@ -156,6 +177,7 @@ impl MasterProcess {
     fn spawn(&mut self) {
         let child = Command::new(binary("mooncake_master"))
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -379,17 +401,35 @@ impl DummyProcess {
     /// [`start`](Self::start), `None` when it could not attach (the real client is not
     /// serving yet, for example).
     pub fn try_start(address: &str, pool_bytes: u64) -> Option<Self> {
+        Self::try_start_as(address, pool_bytes, false)
+    }
+
+    /// [`try_start`](Self::try_start) of a dummy that, once attached, calls without a
+    /// pause (puts, reads and removes of keys of its own) until killed, when `busy`.
+    pub fn try_start_as(address: &str, pool_bytes: u64, busy: bool) -> Option<Self> {
         let mut child = Command::new(binary("dummy_holder"))
             .args([address, &pool_bytes.to_string()])
+            .args(busy.then_some("busy"))
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn dummy_holder");
         let stdout = child.stdout.take().expect("stdout");
+        let stderr = child.stderr.take();
         let mut line = String::new();
         let _ = BufReader::new(stdout).read_line(&mut line);
-        let holder = DummyProcess { child };
-        (line.trim() == "ready").then_some(holder)
+        if line.trim() != "ready" {
+            let mut why = String::new();
+            if let Some(mut stderr) = stderr {
+                let _ = child.wait();
+                let _ = std::io::Read::read_to_string(&mut stderr, &mut why);
+            }
+            eprintln!("dummy_holder did not attach to {address}: {}", why.trim());
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        Some(DummyProcess { child })
     }
 
     /// Process id.

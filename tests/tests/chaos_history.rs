@@ -1,13 +1,17 @@
-//! Chaos under high availability, checked by the history checker (work in progress,
-//! ignored: see the test's note; `chaos.rs` is the chaos test `.ci/run` runs)
+//! Chaos under high availability, checked by the history checker
 //! (`mooncake_integration_tests::history`), bounded in time (`MOONCAKE_CHAOS_SECS`,
-//! default 90; run it for 600 by hand): a real etcd, three masters, three nodes keeping
-//! their segments in files (`--segment_path`), and six dummies (two per node) doing
-//! put, upsert, get, remove, batch put and batch get on a small key space with one or
-//! two replicas, while processes die with `kill -9` and come back: the leader master, a
-//! standby, a node (its two dummies' calls fail meanwhile), a dummy process. Every call
-//! and its outcome is recorded; at the end each key is read once more and the checker
-//! must find no broken promise: nothing acknowledged lost, no torn or foreign bytes, no
+//! default 60; ignored for now: it finds broken promises that are not fixed yet, see
+//! the note on the test; `chaos.rs` is the chaos test `.ci/run` runs;
+//! `MOONCAKE_CHAOS_DUMP=<file>` writes the whole recording there): a real etcd,
+//! three masters, three nodes keeping their segments in files (`--segment_path`), and
+//! six dummies (two per node) doing put, upsert, get, remove, batch put and batch get
+//! on a small key space with one or two replicas, while a scheduler injects faults:
+//! `kill -9` and restart of the leader master, a standby and a node (its two dummies'
+//! calls fail meanwhile), a dummy process killed in the middle of its calls, and, in a
+//! build with failpoints, a node whose transfer answers are cut mid-frame or a master
+//! whose answers are lost after the change (each for a while). Every call and its
+//! outcome is recorded; at the end each key is read once more and the checker must
+//! find no broken promise: nothing acknowledged lost, no torn or foreign bytes, no
 //! stale read after an acknowledged upsert or remove. Nothing the test started is left
 //! running.
 
@@ -17,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use mooncake_dummy_client::{CodeResult, DummyClient, ErrorCode, ReplicateConfig};
 use mooncake_integration_tests::etcd::EtcdServer;
-use mooncake_integration_tests::history::{Event, Op, Outcome, Read, ValueId, check};
+use mooncake_integration_tests::failpoints::FailpointFile;
+use mooncake_integration_tests::history::{Event, Op, Outcome, Read, ValueId, Violation, check};
 use mooncake_integration_tests::{
     DummyProcess, MasterProcess, RealClientProcess, eventually, unique_port,
 };
@@ -101,6 +106,8 @@ fn read_event(key: &str, result: &CodeResult<Vec<u8>>) -> (Op, Outcome) {
 struct Recorder {
     started: Instant,
     events: Mutex<Vec<Event>>,
+    /// Which caller made each event (in step with `events`).
+    callers: Mutex<Vec<usize>>,
 }
 
 impl Recorder {
@@ -108,20 +115,35 @@ impl Recorder {
         u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
-    fn record(&self, key: &str, op: Op, invoked: u64, outcome: Outcome) {
+    fn record(&self, caller: usize, key: &str, op: Op, invoked: u64, outcome: Outcome) {
         let returned = self.now();
-        self.events.lock().expect("recording").push(Event {
+        let mut events = self.events.lock().expect("recording");
+        events.push(Event {
             key: key.to_string(),
             op,
             invoked,
             returned,
             outcome,
         });
+        self.callers.lock().expect("callers").push(caller);
+    }
+
+    /// Logs a fault with its time on the recording's clock.
+    fn fault(&self, what: &str) {
+        eprintln!("chaos: at {} µs: {what}", self.now());
     }
 }
 
-/// One dummy's calls until `stop`: each a random operation on random keys.
-fn call_until(client: &DummyClient, me: usize, seed: u64, stop: &AtomicBool, recorder: &Recorder) {
+/// One dummy's calls until `stop`: each a random operation on random keys. `doing`
+/// names the call in progress (for the report of a caller that does not finish).
+fn call_until(
+    client: &DummyClient,
+    me: usize,
+    seed: u64,
+    stop: &AtomicBool,
+    recorder: &Recorder,
+    doing: &Mutex<String>,
+) {
     let mut dice = Dice(seed);
     let mut next_value = (me as u64 + 1) << 40;
     let mut fresh = || {
@@ -136,25 +158,27 @@ fn call_until(client: &DummyClient, me: usize, seed: u64, stop: &AtomicBool, rec
         let len = [1 << 10, 8 << 10, 64 << 10][dice.below(3)];
         let k = key(dice.below(KEYS));
         let invoked = recorder.now();
-        match dice.below(12) {
+        let pick = dice.below(12);
+        *doing.lock().expect("doing") = format!("op {pick} on {k} since {invoked} µs");
+        match pick {
             0..=2 => {
                 let id = fresh();
                 let result = client.put(&k, &value_of(&k, id, len), &config);
-                recorder.record(&k, Op::Put(id), invoked, outcome(&result));
+                recorder.record(me, &k, Op::Put(id), invoked, outcome(&result));
             }
             3..=4 => {
                 let id = fresh();
                 let result = client.upsert(&k, &value_of(&k, id, len), &config);
-                recorder.record(&k, Op::Upsert(id), invoked, outcome(&result));
+                recorder.record(me, &k, Op::Upsert(id), invoked, outcome(&result));
             }
             5..=8 => {
                 let result = client.get(&k);
                 let (op, outcome) = read_event(&k, &result);
-                recorder.record(&k, op, invoked, outcome);
+                recorder.record(me, &k, op, invoked, outcome);
             }
             9 => {
                 let result = client.remove(&k, true);
-                recorder.record(&k, Op::Remove, invoked, outcome(&result));
+                recorder.record(me, &k, Op::Remove, invoked, outcome(&result));
             }
             10 => {
                 let keys: Vec<String> = (0..3).map(|_| key(dice.below(KEYS))).collect();
@@ -170,7 +194,7 @@ fn call_until(client: &DummyClient, me: usize, seed: u64, stop: &AtomicBool, rec
                 let slices: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
                 let results = client.put_batch(&keys, &slices, &config);
                 for ((k, id), result) in keys.iter().zip(ids).zip(&results) {
-                    recorder.record(k, Op::Put(id), invoked, outcome(result));
+                    recorder.record(me, k, Op::Put(id), invoked, outcome(result));
                 }
             }
             _ => {
@@ -178,7 +202,7 @@ fn call_until(client: &DummyClient, me: usize, seed: u64, stop: &AtomicBool, rec
                 let results = client.get_batch(&keys);
                 for (k, result) in keys.iter().zip(&results) {
                     let (op, outcome) = read_event(k, result);
-                    recorder.record(k, op, invoked, outcome);
+                    recorder.record(me, k, op, invoked, outcome);
                 }
             }
         }
@@ -244,15 +268,24 @@ struct Faults {
     standby: usize,
     node: usize,
     dummy: usize,
+    /// Failpoints switched on (no effect in a build without them).
+    failpoints: usize,
 }
 
+/// The failpoints a scheduler may switch on, for a node and for a master.
+/// (Not `master.answer.PutStart`: a write whose start answer is lost holds its space
+/// until `--put_start_release_timeout_sec`, which at this test's write rate fills every
+/// segment within seconds.)
+const NODE_FAILPOINTS: &str = "transfer.answer=5%return";
+const MASTER_FAILPOINTS: &str = "master.answer.PutEnd=5%return;master.answer.Remove=5%return";
+
 #[test]
-#[ignore = "work in progress: a 60 s run did not finish within 10 minutes (the end of the run hangs); run by hand with --ignored"]
+#[ignore = "finds broken promises not fixed yet (acknowledged upserts and puts reading absent moments later, with no remove, under node kills and transfer resets); run by hand with --ignored"]
 fn chaos_of_kills_breaks_no_promise_of_the_history() {
     let seconds = std::env::var("MOONCAKE_CHAOS_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(90u64);
+        .unwrap_or(60u64);
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| {
@@ -263,8 +296,14 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
     let mut dice = Dice(seed);
     let etcd = EtcdServer::start();
     let cluster = format!("chaos-{}-{}", std::process::id(), unique_port());
-    let mut masters: Vec<MasterProcess> = (0..3)
-        .map(|_| MasterProcess::start_ha(&etcd.endpoint(), &cluster, &[]))
+    // One failpoints file per process: the scheduler switches them one process at a time.
+    let master_failpoints: Vec<FailpointFile> = (0..3).map(|_| FailpointFile::new()).collect();
+    let node_failpoints: Vec<FailpointFile> = (0..3).map(|_| FailpointFile::new()).collect();
+    let mut masters: Vec<MasterProcess> = master_failpoints
+        .iter()
+        .map(|file| {
+            MasterProcess::start_ha_with_env(&etcd.endpoint(), &cluster, &[], &[file.env()])
+        })
         .collect();
     assert!(eventually(Duration::from_secs(15), || leader_of(&masters).is_some()));
     let master_flag = format!("--master_server_address=etcd://{}", etcd.endpoint());
@@ -273,46 +312,62 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
     let mut nodes: Vec<RealClientProcess> = files
         .0
         .iter()
-        .map(|path| {
+        .zip(&node_failpoints)
+        .map(|(path, failpoints)| {
             let file_flag = format!("--segment_path={}", path.display());
             // Reads see other nodes' upserts and removes at once (no read cache: the
             // checker holds them to the strict promise).
-            RealClientProcess::start(
+            RealClientProcess::start_with_env(
                 "64MB",
                 &[&master_flag, &cluster_flag, &file_flag, "--read_cache_ms=0"],
+                &[failpoints.env()],
             )
         })
         .collect();
+    // An idle dummy and a busy one (killed in the middle of its calls).
     let mut holders: Vec<DummyProcess> = (0..2)
-        .map(|n| DummyProcess::start(&nodes[n].address(), 4 << 20))
+        .map(|n| {
+            let mut attached = None;
+            eventually(Duration::from_secs(20), || {
+                attached = DummyProcess::try_start_as(&nodes[n].address(), 4 << 20, n == 1);
+                attached.is_some()
+            });
+            attached.expect("a helper dummy attaches")
+        })
         .collect();
     let recorder = Arc::new(Recorder {
         started: Instant::now(),
         events: Mutex::new(Vec::new()),
+        callers: Mutex::new(Vec::new()),
     });
     let stop = Arc::new(AtomicBool::new(false));
+    let doing: Arc<Vec<Mutex<String>>> =
+        Arc::new((0..CALLERS).map(|_| Mutex::new(String::new())).collect());
     let callers: Vec<_> = (0..CALLERS)
         .map(|me| {
+            let doing = Arc::clone(&doing);
             let client =
                 DummyClient::setup_dummy(32 << 20, 8 << 20, Some(&nodes[me % 3].address()))
                     .expect("a calling dummy attaches");
             let (stop, recorder) = (Arc::clone(&stop), Arc::clone(&recorder));
             let seed = seed.wrapping_mul(me as u64 + 3) | 1;
             std::thread::spawn(move || {
-                call_until(&client, me, seed, &stop, &recorder);
+                call_until(&client, me, seed, &stop, &recorder, &doing[me]);
                 client
             })
         })
         .collect();
 
     let mut faults = Faults::default();
+    let mut switched_on: Option<&FailpointFile> = None;
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(seconds) {
         std::thread::sleep(Duration::from_millis(500));
-        match dice.below(6) {
+        match dice.below(7) {
             0 => {
                 if let Some(leader) = healthy_leader(&mut masters) {
                     masters[leader].kill9();
+                    recorder.fault(&format!("kill -9 of the leader, master {leader}"));
                     faults.leader += 1;
                     std::thread::sleep(Duration::from_millis(200));
                     masters[leader].restart();
@@ -322,6 +377,7 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
                 if let Some(leader) = healthy_leader(&mut masters) {
                     let standby = (leader + 1 + dice.below(2)) % 3;
                     masters[standby].kill9();
+                    recorder.fault(&format!("kill -9 of a standby, master {standby}"));
                     faults.standby += 1;
                     masters[standby].restart();
                 }
@@ -329,6 +385,7 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
             2 => {
                 let node = dice.below(nodes.len());
                 nodes[node].kill9();
+                recorder.fault(&format!("kill -9 of node {node}"));
                 faults.node += 1;
                 std::thread::sleep(Duration::from_millis(100));
                 nodes[node].restart();
@@ -341,15 +398,56 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
                 let node = dice.below(nodes.len());
                 let mut attached = None;
                 eventually(Duration::from_secs(20), || {
-                    attached = DummyProcess::try_start(&nodes[node].address(), 4 << 20);
+                    attached =
+                        DummyProcess::try_start_as(&nodes[node].address(), 4 << 20, holder == 1);
                     attached.is_some()
                 });
-                holders[holder] = attached.expect("a dummy attaches to a restarted node");
+                match attached {
+                    Some(attached) => holders[holder] = attached,
+                    None => recorder.fault("a new dummy could not attach within 20 s"),
+                }
+            }
+            4 => {
+                // One process at a time fails some of its answers, until the next switch.
+                if let Some(file) = switched_on.take() {
+                    file.clear();
+                }
+                let which = dice.below(6);
+                let (file, spec) = if which < 3 {
+                    (&node_failpoints[which], NODE_FAILPOINTS)
+                } else {
+                    (&master_failpoints[which - 3], MASTER_FAILPOINTS)
+                };
+                file.set(spec);
+                recorder.fault(&format!(
+                    "failpoints of process {which} (0-2 nodes, 3-5 masters): {spec}"
+                ));
+                switched_on = Some(file);
+                faults.failpoints += 1;
             }
             _ => {}
         }
     }
     stop.store(true, Ordering::Release);
+    if let Some(file) = switched_on.take() {
+        file.clear();
+    }
+    let mut waited = 0;
+    while !callers.iter().all(std::thread::JoinHandle::is_finished) {
+        std::thread::sleep(Duration::from_secs(1));
+        waited += 1;
+        if waited % 15 == 0 {
+            for (me, caller) in callers.iter().enumerate() {
+                if !caller.is_finished() {
+                    let now = recorder.now();
+                    eprintln!(
+                        "chaos: caller {me} still in {} (now {now} µs)",
+                        doing[me].lock().expect("doing")
+                    );
+                }
+            }
+        }
+    }
     let clients: Vec<DummyClient> = callers
         .into_iter()
         .map(|c| c.join().expect("caller"))
@@ -373,7 +471,7 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
             last = read_event(&k, &reader.get(&k));
             last.1 == Outcome::Ok
         });
-        recorder.record(&k, last.0, invoked, last.1);
+        recorder.record(usize::MAX, &k, last.0, invoked, last.1);
     }
 
     let events = std::mem::take(&mut *recorder.events.lock().expect("recording"));
@@ -398,17 +496,33 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
         for violation in violations.iter().take(10) {
             eprintln!("violation: {violation:?}");
         }
-        let shown: Vec<&Event> = events
-            .iter()
-            .filter(|e| {
-                violations
-                    .iter()
-                    .take(3)
-                    .any(|v| format!("{v:?}").contains(&format!("\"{}\"", e.key)))
-            })
-            .collect();
-        for event in shown.iter().take(200) {
-            eprintln!("  {event:?}");
+        // The first broken promise's key, from a second before its write to its read.
+        let (key, from, to) = match &violations[0] {
+            Violation::LostWrite { key, write, read } => (key, *write, *read),
+            Violation::NeverWritten { key, read } => (key, *read, *read),
+            Violation::StaleAfterUpsert {
+                key, upsert, read, ..
+            } => (key, *upsert, *read),
+            Violation::ReadableAfterRemove {
+                key, remove, read, ..
+            } => (key, *remove, *read),
+        };
+        let start = events[from].invoked.saturating_sub(1_000_000);
+        let end = events[to].returned;
+        let callers = recorder.callers.lock().expect("callers");
+        if let Ok(path) = std::env::var("MOONCAKE_CHAOS_DUMP") {
+            let all: String = events
+                .iter()
+                .zip(callers.iter())
+                .map(|(event, caller)| format!("{caller} {event:?}\n"))
+                .collect();
+            let _ = std::fs::write(&path, all);
+            eprintln!("chaos: the recording is in {path}");
+        }
+        for (index, event) in events.iter().enumerate() {
+            if &event.key == key && event.invoked >= start && event.invoked <= end {
+                eprintln!("  #{index} caller {}: {event:?}", callers[index]);
+            }
         }
     }
     assert!(

@@ -326,7 +326,9 @@ fn killed_dummy_is_released_at_once() {
     );
     assert_eq!(observer.status().expect("status").dummies.len(), 1);
     assert!(
-        observer.is_exist("dummy_holder_object").expect("exist"),
+        observer
+            .is_exist(&format!("dummy_holder_object/{}", holder.pid()))
+            .expect("exist"),
         "its acknowledged object stays"
     );
 }

@@ -35,10 +35,14 @@ fn on(node: &RealClientProcess) -> ReplicateConfig {
 
 impl Cluster {
     fn start(masters: usize, nodes: usize) -> Self {
-        let etcd = EtcdServer::start();
+        Self::start_on(EtcdServer::start(), masters, nodes, &[])
+    }
+
+    /// A cluster on `etcd`, every master and node given `etcd_flags` (TLS settings).
+    fn start_on(etcd: EtcdServer, masters: usize, nodes: usize, etcd_flags: &[&str]) -> Self {
         let cluster_id = format!("ha-{}-{}", std::process::id(), unique_port());
         let masters: Vec<_> = (0..masters)
-            .map(|_| MasterProcess::start_ha(&etcd.endpoint(), &cluster_id, &[]))
+            .map(|_| MasterProcess::start_ha(&etcd.endpoint(), &cluster_id, etcd_flags))
             .collect();
         let mut cluster = Cluster {
             nodes: Vec::new(),
@@ -48,8 +52,10 @@ impl Cluster {
         cluster.wait_for_leader();
         let master = format!("--master_server_address=etcd://{}", cluster.etcd.endpoint());
         let cluster_flag = format!("--cluster_id={cluster_id}");
+        let mut node_flags = vec![master.as_str(), cluster_flag.as_str()];
+        node_flags.extend_from_slice(etcd_flags);
         cluster.nodes = (0..nodes)
-            .map(|_| RealClientProcess::start("64MB", &[&master, &cluster_flag]))
+            .map(|_| RealClientProcess::start("64MB", &node_flags))
             .collect();
         cluster
     }
@@ -283,4 +289,94 @@ fn a_paused_leader_serves_no_write_once_another_leads() {
     time_to_first_put(&writer, "resumed", Instant::now());
     acked.extend(write(&cluster, &writer, "after", 20));
     check_all(&cluster, &acked);
+}
+
+/// The `--etcd_*` flags presenting `client` (a certificate and key) to a TLS etcd.
+fn tls_flags(ca: &str, client: &(String, String)) -> [String; 3] {
+    [
+        format!("--etcd_ca_file={ca}"),
+        format!("--etcd_cert_file={}", client.0),
+        format!("--etcd_key_file={}", client.1),
+    ]
+}
+
+#[test]
+fn over_tls_with_client_certificates_masters_elect_and_nodes_follow() {
+    let etcd = EtcdServer::start_tls();
+    let files = etcd.tls().expect("a TLS etcd").clone();
+    let flags = tls_flags(&files.ca, &files.client);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut cluster = Cluster::start_on(etcd, 2, 1, &flags);
+    cluster.wait_for_standbys(1);
+    let writer = cluster.dummy(0);
+    let acked = write(&cluster, &writer, "tls", 6);
+    assert_eq!(
+        acked.len(),
+        6,
+        "every put over a TLS-following node succeeds"
+    );
+    // The leader dies: the standby wins the election over TLS, the node follows.
+    let leader = cluster.wait_for_leader();
+    cluster.masters[leader].kill9();
+    assert!(
+        eventually(Duration::from_secs(15), || cluster.masters[1 - leader]
+            .is_leader()),
+        "the standby does not take over through the TLS etcd"
+    );
+    check_all(&cluster, &acked);
+
+    // A master presenting no certificate, or one another authority signed, never
+    // leads: etcd refuses it.
+    let id = format!("tls-strangers-{}", unique_port());
+    let stranger = tls_flags(&files.ca, &files.stranger);
+    let stranger: Vec<&str> = stranger.iter().map(String::as_str).collect();
+    let ca_only = format!("--etcd_ca_file={}", files.ca);
+    let endpoint = cluster.etcd.endpoint();
+    let mut refused = [
+        MasterProcess::start_ha(&endpoint, &id, &stranger),
+        MasterProcess::start_ha(&endpoint, &id, &[&ca_only]),
+        MasterProcess::start_ha(&endpoint, &id, &[]),
+    ];
+    std::thread::sleep(Duration::from_secs(4));
+    for master in &mut refused {
+        assert!(!master.is_leader(), "a master etcd refused leads");
+    }
+}
+
+#[test]
+fn incomplete_etcd_tls_settings_stop_the_master_with_the_flag_named() {
+    let dir = mooncake_integration_tests::offload::TempDir::new("tls-flags");
+    let files = mooncake_integration_tests::etcd::TlsFiles::generate(dir.path());
+    let cases: [(Vec<String>, &str); 3] = [
+        (
+            vec![format!("--etcd_cert_file={}", files.client.0)],
+            "--etcd_cert_file and --etcd_key_file go together",
+        ),
+        (
+            vec![
+                format!("--etcd_cert_file={}", files.client.0),
+                format!("--etcd_key_file={}", files.client.1),
+            ],
+            "--etcd_cert_file needs --etcd_ca_file",
+        ),
+        (
+            vec![format!("--etcd_ca_file={}/absent.pem", dir.path())],
+            "--etcd_ca_file",
+        ),
+    ];
+    for (flags, expected) in cases {
+        let output =
+            std::process::Command::new(mooncake_integration_tests::binary("mooncake_master"))
+                .args([
+                    "--enable_ha",
+                    "--etcd_endpoints=127.0.0.1:1",
+                    "--rpc_address=127.0.0.1",
+                ])
+                .args(&flags)
+                .output()
+                .expect("run mooncake_master");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{flags:?} accepted");
+        assert!(stderr.contains(expected), "{flags:?}: {stderr}");
+    }
 }

@@ -11,11 +11,18 @@ use etcd_client::{
     Txn, TxnOp, WatchOptions,
 };
 
+use super::etcd_tls::EtcdTls;
+
 /// Deadline of one etcd request.
 pub const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Interval of HTTP/2 keep-alive pings on the etcd connection.
 const ETCD_KEEP_ALIVE: Duration = Duration::from_secs(10);
+
+/// Failpoint of the leader's lease renewals: when it fires a renewal fails as if etcd
+/// did not answer in time (the leader stops serving before its lease can lapse, then
+/// exits); `sleep(ms)` makes renewals slow instead.
+pub const FAILPOINT_RENEW: &str = "ha.etcd.renew";
 
 /// Why an etcd operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -90,15 +97,21 @@ fn as_epoch(revision: i64) -> u64 {
 }
 
 impl Etcd {
-    /// Connects to `endpoints` (`host:port` each; `http://` is added when missing).
-    pub async fn connect(endpoints: &[String], cluster_id: &str) -> Result<Self, EtcdError> {
+    /// Connects to `endpoints` (`host:port` each; `http://` is added when missing,
+    /// `https://` with `tls`).
+    pub async fn connect(
+        endpoints: &[String],
+        cluster_id: &str,
+        tls: Option<&EtcdTls>,
+    ) -> Result<Self, EtcdError> {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let urls: Vec<String> = endpoints
             .iter()
             .map(|e| {
                 if e.contains("://") {
                     e.clone()
                 } else {
-                    format!("http://{e}")
+                    format!("{scheme}://{e}")
                 }
             })
             .collect();
@@ -109,6 +122,10 @@ impl Etcd {
             .with_timeout(ETCD_REQUEST_TIMEOUT)
             .with_connect_timeout(ETCD_REQUEST_TIMEOUT)
             .with_keep_alive(ETCD_KEEP_ALIVE, ETCD_REQUEST_TIMEOUT);
+        let options = match tls {
+            Some(tls) => options.with_tls(tls.options()),
+            None => options,
+        };
         let client = Client::connect(urls, Some(options))
             .await
             .map_err(|source| EtcdError::Request {
@@ -257,6 +274,9 @@ impl Etcd {
         };
         loop {
             let sent = Instant::now();
+            if mooncake_core::failpoint::hit(FAILPOINT_RENEW).is_some() {
+                return Some(EtcdError::Timeout(self.endpoints.clone()));
+            }
             if let Err(error) = keeper.keep_alive().await {
                 return Some(self.failed(error));
             }

@@ -22,6 +22,7 @@ use mooncake_core::protocol::auth::ClusterSecret;
 use mooncake_core::protocol::master_client::RemoteMaster;
 
 use super::etcd::{Etcd, LeaderView};
+use super::etcd_tls::EtcdTls;
 
 /// How long a call keeps trying while no leader answers.
 pub const DEFAULT_FAILOVER_WAIT: Duration = Duration::from_secs(10);
@@ -92,17 +93,20 @@ impl MaybeGone for MasterResponse {
 }
 
 impl LeaderFollower {
-    /// Follows the leader of `cluster_id` in the etcd cluster at `endpoints`, proving
+    /// Follows the leader of `cluster_id` in the etcd cluster at `endpoints` (over
+    /// `tls` when given), proving
     /// membership with `secret`; a call keeps trying for `failover_wait` while no leader
     /// answers. Must run inside a tokio runtime.
     pub fn start(
         endpoints: Vec<String>,
         cluster_id: String,
+        tls: Option<EtcdTls>,
         secret: Option<Arc<ClusterSecret>>,
         failover_wait: Duration,
     ) -> Self {
         let (publish, leader) = watch::channel(None);
-        let watcher = tokio::spawn(watch_leader(endpoints, cluster_id, secret, publish));
+        let etcd = (endpoints, cluster_id, tls);
+        let watcher = tokio::spawn(watch_leader(etcd, secret, publish));
         LeaderFollower {
             leader,
             failover_wait,
@@ -224,8 +228,7 @@ fn settle_commits(answers: &mut [CodeResult<()>], doubtful: &[usize], readable: 
 
 /// Publishes the leader etcd names, following the leader key, until aborted.
 async fn watch_leader(
-    endpoints: Vec<String>,
-    cluster_id: String,
+    (endpoints, cluster_id, tls): (Vec<String>, String, Option<EtcdTls>),
     secret: Option<Arc<ClusterSecret>>,
     publish: watch::Sender<Option<Arc<Leader>>>,
 ) {
@@ -253,7 +256,7 @@ async fn watch_leader(
         }));
     };
     loop {
-        let etcd = match Etcd::connect(&endpoints, &cluster_id).await {
+        let etcd = match Etcd::connect(&endpoints, &cluster_id, tls.as_ref()).await {
             Ok(etcd) => etcd,
             Err(error) => {
                 tracing::warn!(%error, "cannot reach etcd to find the master leader");

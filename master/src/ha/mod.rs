@@ -1,7 +1,8 @@
 //! High availability: masters elected through etcd, a leader that streams every
 //! metadata change to hot standbys, and real clients that follow the leader.
 //!
-//! * [`etcd`]: the leader key (upstream's layout), the lease, the in-sync list.
+//! * [`etcd`]: the leader key (upstream's layout), the lease, the in-sync list;
+//!   [`etcd_tls`]: TLS (and client certificates) for the etcd connection.
 //! * [`crate::journal`] (below the service, which journals each change): the leader's
 //!   ordered changes and the wait that makes a write's answer follow its replication
 //!   to every in-sync standby.
@@ -18,6 +19,7 @@
 use std::time::Duration;
 
 pub mod etcd;
+pub mod etcd_tls;
 pub mod follow;
 pub mod node;
 pub mod standby;
@@ -38,6 +40,8 @@ pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_millis(500);
 pub struct HaSettings {
     /// etcd endpoints (`host:port`).
     pub etcd_endpoints: Vec<String>,
+    /// TLS for the etcd connection (`None`: plain HTTP).
+    pub etcd_tls: Option<etcd_tls::EtcdTls>,
     /// The cluster; the leader key is `mooncake-store/<cluster_id>/master_view`.
     pub cluster_id: String,
     /// The leader's etcd lease (whole seconds, at least 1).

@@ -227,11 +227,27 @@ impl Outbox {
                 AnswerPayload::Slice(slice) => pieces.push(Outgoing::Slice(slice)),
             }
         }
-        let sent = send_vectored(stream, &pieces);
+        let sent = match mooncake_core::failpoint::hit(FAILPOINT_ANSWER) {
+            Some(_) => reset_mid_frame(stream, &self.answers[0].header),
+            None => send_vectored(stream, &pieces),
+        };
         self.answers.clear();
         self.payload_bytes = 0;
         sent
     }
+}
+
+/// Failpoint of the answers a node sends on a transfer connection: when it fires the
+/// connection is reset in the middle of an answer (half its header sent), as when the
+/// node dies or the network drops it; `sleep(ms)` stalls the answers instead.
+pub const FAILPOINT_ANSWER: &str = "transfer.answer";
+
+/// Sends half of `header`, then resets the connection (for [`FAILPOINT_ANSWER`]).
+fn reset_mid_frame(stream: &TcpStream, header: &[u8]) -> std::io::Result<()> {
+    let half = &header[..header.len() / 2];
+    let _ = send_vectored(stream, &[Outgoing::Bytes(half)]);
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
 }
 
 /// What one connection serves, and the secret grants are checked with (`None`: an

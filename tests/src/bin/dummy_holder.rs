@@ -1,6 +1,7 @@
 //! A dummy client process for tests: attaches to the real client named by its first
 //! argument with a pool of the size given second, prints `ready`, then waits forever
-//! (until the test kills it).
+//! (until the test kills it), or with a third argument `busy` puts, reads and removes
+//! keys of its own (`busy/<pid>/<n>`) without a pause, so that a kill lands mid-call.
 
 use std::io::Write;
 
@@ -23,7 +24,7 @@ fn main() {
     // outside them, which the client refuses without touching).
     let stored = unsafe {
         client.put_from(
-            "dummy_holder_object",
+            &format!("dummy_holder_object/{}", std::process::id()),
             ptr,
             4096,
             &ReplicateConfig::default(),
@@ -35,7 +36,27 @@ fn main() {
     }
     println!("ready");
     let _ = std::io::stdout().flush();
+    if args.next().as_deref() == Some("busy") {
+        keep_busy(&client, ptr);
+    }
     loop {
         std::thread::park();
+    }
+}
+
+/// Calls without a pause until killed: puts from, reads into and removes 4 KiB at
+/// `block` (a pool block of this client) under eight keys of its own.
+fn keep_busy(client: &DummyClient, block: u64) {
+    let config = ReplicateConfig::default();
+    for n in 0u64.. {
+        let key = format!("busy/{}/{}", std::process::id(), n % 8);
+        // SAFETY: `block` is 4 KiB of this client's pool, used by this thread only.
+        unsafe {
+            let _ = client.put_from(&key, block, 4096, &config);
+            let _ = client.get_into(&key, block, 4096);
+        }
+        if n % 3 == 0 {
+            let _ = client.remove(&key, true);
+        }
     }
 }
