@@ -10,6 +10,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use mooncake_core::allocator::Allocation;
+use mooncake_core::master_api::replication::ReplicaSpace;
 use mooncake_core::types::{ReplicaDescriptor, ReplicaLocation, ReplicaStatus};
 
 use super::config::MAX_LEASE_TTL;
@@ -22,6 +23,17 @@ pub struct StoredReplica {
     pub segment: Arc<MountedSegment>,
     /// The range allocated inside it.
     pub allocation: Allocation,
+}
+
+impl StoredReplica {
+    /// The space it takes, as a leader streams it to its standbys.
+    pub fn space(&self) -> ReplicaSpace {
+        ReplicaSpace {
+            segment: self.segment.id,
+            offset: self.allocation.offset,
+            len: self.allocation.len,
+        }
+    }
 }
 
 /// The replicas of a version: one inline (the common case, no allocation) or several.

@@ -17,7 +17,7 @@ use mooncake_core::types::{
     ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SegmentId, SoftPinAction,
 };
 
-use mooncake_core::master_api::replication::ObjectImage;
+use mooncake_core::master_api::replication::{Change, ObjectImage, ReplicaSpace};
 use mooncake_core::master_api::{ClientStatus, LOCAL_OWNER, LeaseBudget, MasterStats, PutStarted};
 
 use super::clients::ClientTable;
@@ -46,6 +46,10 @@ pub struct MasterService {
     pub(super) segments: SegmentTable,
     deferred: Mutex<Vec<DeferredFree>>,
     has_deferred: AtomicBool,
+    /// A standby's copy of its leader's deferred frees, by segment and offset, with the
+    /// length and when each may be freed: removed as the leader's frees arrive, freed
+    /// by this master when it takes over.
+    pub(super) leader_deferred: Mutex<HashMap<(SegmentId, u64), (u64, Instant)>>,
     /// When a write in progress can next have outlived the release timeout (`None`: at
     /// once); the index is scanned for abandoned writes only then, not at every
     /// maintenance pass.
@@ -103,6 +107,7 @@ impl MasterService {
             segments: SegmentTable::default(),
             deferred: Mutex::new(Vec::new()),
             has_deferred: AtomicBool::new(false),
+            leader_deferred: Mutex::new(HashMap::new()),
             abandoned_scan_due: Mutex::new(None),
             tasks: TaskTable::default(),
             clients: ClientTable::default(),
@@ -935,12 +940,28 @@ impl MasterService {
     }
 
     pub(super) fn defer_free(&self, replicas: Vec<StoredReplica>, release_at: Instant) {
+        if let Some(journal) = self.segments.journal() {
+            let now = self.clock.now();
+            journal.record(Change::Deferred {
+                spaces: replicas.iter().map(StoredReplica::space).collect(),
+                release_in_ms: millis_between(now, release_at),
+            });
+        }
         let mut deferred = self.deferred.lock();
         deferred.extend(replicas.into_iter().map(|replica| DeferredFree {
             release_at,
             replica,
         }));
         self.has_deferred.store(true, Ordering::Release);
+    }
+
+    /// The space waiting to be freed, with the milliseconds left (a snapshot).
+    pub(super) fn deferred_spaces(&self, now: Instant) -> Vec<(ReplicaSpace, u64)> {
+        self.deferred
+            .lock()
+            .iter()
+            .map(|d| (d.replica.space(), millis_between(now, d.release_at)))
+            .collect()
     }
 
     pub(super) fn release_deferred(&self, now: Instant) {
@@ -988,6 +1009,11 @@ fn compile_regex(pattern: &str) -> CodeResult<regex::Regex> {
         .dfa_size_limit(1 << 20)
         .build()
         .map_err(|_| ErrorCode::INVALID_PARAMS)
+}
+
+/// Whole milliseconds from `now` to `later` (0 when it passed).
+pub(super) fn millis_between(now: Instant, later: Instant) -> u64 {
+    u64::try_from(later.saturating_duration_since(now).as_millis()).unwrap_or(u64::MAX)
 }
 
 pub(super) fn free_now(replicas: Vec<StoredReplica>) {

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
+use mooncake_core::master_api::replication::TaskImage;
 use mooncake_core::master_api::{TaskInfo, TaskStatus};
 use mooncake_core::types::SegmentId;
 
@@ -189,6 +190,74 @@ impl TaskTable {
             .collect()
     }
 
+    /// The task `id` as a leader streams it to its standbys.
+    pub(super) fn image(&self, id: u128) -> Option<TaskImage> {
+        self.tables.lock().tasks.get(&id).map(image_of)
+    }
+
+    /// Every task, finished ones included (a snapshot).
+    pub(super) fn images(&self) -> Vec<TaskImage> {
+        self.tables.lock().tasks.values().map(image_of).collect()
+    }
+
+    /// Keys of the unfinished tasks (their objects are held while the task runs).
+    pub(super) fn unfinished_keys(&self) -> Vec<String> {
+        let tables = self.tables.lock();
+        tables
+            .tasks
+            .values()
+            .filter(|r| !r.info.status.is_finished())
+            .map(|r| r.info.key.clone())
+            .collect()
+    }
+
+    /// Sets a task to its leader's state (a standby applying a change or a snapshot):
+    /// queued for its executor while pending, its space held while running, among the
+    /// finished ones once done. `allocated` is the image's space, resolved.
+    pub(super) fn apply(&self, image: TaskImage, allocated: Vec<StoredReplica>, now: Instant) {
+        let mut tables = self.tables.lock();
+        let id = image.info.id;
+        let was_active = tables
+            .tasks
+            .get(&id)
+            .is_some_and(|r| !r.info.status.is_finished());
+        let executor = image.executor;
+        if let Some(queue) = tables.queues.get_mut(&executor) {
+            queue.retain(|queued| *queued != id);
+        }
+        let status = image.info.status;
+        tables.tasks.insert(
+            id,
+            TaskRecord {
+                info: image.info,
+                executor,
+                source: image.source,
+                since: now,
+                allocated,
+            },
+        );
+        match status {
+            TaskStatus::Pending => tables.queues.entry(executor).or_default().push_back(id),
+            TaskStatus::Running => {}
+            _ => {
+                if was_active || !tables.finished.contains(&id) {
+                    Self::remember_finished(&mut tables, id);
+                }
+            }
+        }
+        let is_active = !status.is_finished();
+        match (was_active, is_active) {
+            (false, true) => tables.active += 1,
+            (true, false) => tables.active = tables.active.saturating_sub(1),
+            _ => {}
+        }
+    }
+
+    /// Forgets every task (a standby installing a snapshot).
+    pub(super) fn clear(&self) {
+        *self.tables.lock() = Tables::default();
+    }
+
     fn remember_finished(tables: &mut Tables, id: u128) {
         tables.finished.push_back(id);
         while tables.finished.len() > MAX_FINISHED_TASKS {
@@ -196,5 +265,15 @@ impl TaskTable {
                 tables.tasks.remove(&oldest);
             }
         }
+    }
+}
+
+/// A task record as a leader streams it.
+fn image_of(record: &TaskRecord) -> TaskImage {
+    TaskImage {
+        info: record.info.clone(),
+        executor: record.executor,
+        source: record.source,
+        allocated: record.allocated.iter().map(StoredReplica::space).collect(),
     }
 }

@@ -8,8 +8,9 @@
 //! on a small key space with one or two replicas, while a scheduler injects faults:
 //! `kill -9` and restart of the leader master, a standby and a node (its two dummies'
 //! calls fail meanwhile), a dummy process killed in the middle of its calls, and, in a
-//! build with failpoints, a node whose transfer answers are cut mid-frame or a master
-//! whose answers are lost after the change (each for a while). Every call and its
+//! build with failpoints, a node whose transfer answers are cut mid-frame, whose SSD
+//! tier's disk fails, or a master whose answers are lost after the change (each for a
+//! while). Every call and its
 //! outcome is recorded; at the end each key is read once more and the checker must
 //! find no broken promise: nothing acknowledged lost, no torn or foreign bytes, no
 //! stale read after an acknowledged upsert or remove. Nothing the test started is left
@@ -23,6 +24,7 @@ use mooncake_dummy_client::{CodeResult, DummyClient, ErrorCode, ReplicateConfig}
 use mooncake_integration_tests::etcd::EtcdServer;
 use mooncake_integration_tests::failpoints::FailpointFile;
 use mooncake_integration_tests::history::{Event, Op, Outcome, Read, ValueId, Violation, check};
+use mooncake_integration_tests::offload::TempDir;
 use mooncake_integration_tests::{
     DummyProcess, MasterProcess, RealClientProcess, eventually, try_http_get, unique_port,
 };
@@ -277,6 +279,8 @@ struct Faults {
 /// until `--put_start_release_timeout_sec`, which at this test's write rate fills every
 /// segment within seconds.)
 const NODE_FAILPOINTS: &str = "transfer.answer=5%return";
+/// The SSD tier's disk failing: writes, syncs and reads.
+const DISK_FAILPOINTS: &str = "offload.disk.write=50%return(eio);offload.disk.fsync=20%return(eio);offload.disk.read=50%return(eio)";
 const MASTER_FAILPOINTS: &str = "master.answer.PutEnd=5%return;master.answer.Remove=5%return";
 
 #[test]
@@ -308,7 +312,7 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
             MasterProcess::start_ha_with_env(
                 &etcd.endpoint(),
                 &cluster,
-                &["--default_kv_lease_ttl=1000"],
+                &["--default_kv_lease_ttl=1000", "--enable_offload=true"],
                 &[file.env()],
             )
         })
@@ -317,18 +321,31 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
     let master_flag = format!("--master_server_address=etcd://{}", etcd.endpoint());
     let cluster_flag = format!("--cluster_id={cluster}");
     let files = SegmentFiles::new(3);
+    let disks: Vec<TempDir> = (0..3).map(|_| TempDir::new("chaos-disk")).collect();
     let mut nodes: Vec<RealClientProcess> = files
         .0
         .iter()
         .zip(&node_failpoints)
-        .map(|(path, failpoints)| {
+        .zip(&disks)
+        .map(|((path, failpoints), disk)| {
             let file_flag = format!("--segment_path={}", path.display());
             // Reads see other nodes' upserts and removes at once (no read cache: the
-            // checker holds them to the strict promise).
+            // checker holds them to the strict promise). Each node has an SSD tier.
             RealClientProcess::start_with_env(
                 "256MB",
-                &[&master_flag, &cluster_flag, &file_flag, "--read_cache_ms=0"],
-                &[failpoints.env()],
+                &[
+                    &master_flag,
+                    &cluster_flag,
+                    &file_flag,
+                    "--read_cache_ms=0",
+                    "--enable_offload=true",
+                ],
+                &[
+                    failpoints.env(),
+                    ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", disk.path()),
+                    ("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1"),
+                    ("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES", "1GiB"),
+                ],
             )
         })
         .collect();
@@ -421,10 +438,10 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
                     file.clear();
                 }
                 let which = dice.below(6);
-                let (file, spec) = if which < 3 {
-                    (&node_failpoints[which], NODE_FAILPOINTS)
-                } else {
-                    (&master_failpoints[which - 3], MASTER_FAILPOINTS)
+                let (file, spec) = match which {
+                    0..=2 if dice.below(2) == 0 => (&node_failpoints[which], NODE_FAILPOINTS),
+                    0..=2 => (&node_failpoints[which], DISK_FAILPOINTS),
+                    _ => (&master_failpoints[which - 3], MASTER_FAILPOINTS),
                 };
                 file.set(spec);
                 recorder.fault(&format!(

@@ -9,6 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::TaskInfo;
 use crate::types::SegmentId;
 
 /// Space one replica takes inside a segment.
@@ -75,6 +76,20 @@ pub struct SegmentImage {
     pub generation: u128,
 }
 
+/// A copy or move task and what the master holds for it (high availability: tasks
+/// survive a failover).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskImage {
+    /// The task as `query_task` reports it.
+    pub info: TaskInfo,
+    /// The real client that executes it.
+    pub executor: u128,
+    /// The segment whose replica is copied.
+    pub source: SegmentId,
+    /// Space allocated on the targets while it runs.
+    pub allocated: Vec<ReplicaSpace>,
+}
+
 /// One change of a leader's metadata.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Change {
@@ -117,6 +132,17 @@ pub enum Change {
     Allocated(ReplicaSpace),
     /// Space was freed.
     Freed(ReplicaSpace),
+    /// A task was created or changed state.
+    Task(TaskImage),
+    /// Space no object uses any more whose free waits for readers' leases (or for a
+    /// discarded writer) for `release_in_ms`; a later `Freed` of the same space ends
+    /// the wait. A standby that takes over frees what is still waiting when it is due.
+    Deferred {
+        /// The space.
+        spaces: Vec<ReplicaSpace>,
+        /// Milliseconds until it may be reused.
+        release_in_ms: u64,
+    },
 }
 
 /// Changes a standby pulled, and where the stream stands.
@@ -167,4 +193,8 @@ pub struct SnapshotState {
     pub disk: Vec<(String, u128, u64)>,
     /// Real clients with an SSD tier.
     pub offload_clients: Vec<u128>,
+    /// Copy and move tasks, finished ones included.
+    pub tasks: Vec<TaskImage>,
+    /// Space waiting to be freed, with the milliseconds left until it may be.
+    pub deferred: Vec<(ReplicaSpace, u64)>,
 }

@@ -34,6 +34,9 @@ fn normalized(mut state: SnapshotState) -> SnapshotState {
     state.segments.sort_by_key(|s| s.segment.id);
     state.disk.sort();
     state.offload_clients.sort_unstable();
+    state.tasks.sort_by_key(|t| t.info.id);
+    // A leader's own waiting frees; a standby holds its leader's apart until it leads.
+    state.deferred.clear();
     state
 }
 
@@ -103,12 +106,52 @@ async fn workload(leader: &MasterService, round: u64) {
             &ReplicateConfig::default(),
         )
         .expect("a write left in progress");
+    tasks(leader, round, client, &name).await;
     leader
         .offload_done(client, &[(format!("r{round}-k1-on-node"), 4096)])
         .expect("disk copy");
     leader.evict(1 << 20);
     if round > 0 {
         leader.remove_client(client - 1);
+    }
+}
+
+/// Id of task `n` of `round`: 1 running, 2 pending, 3 finished.
+fn task_id(round: u64, n: u64) -> u128 {
+    u128::from(10_000 + round * 10 + n)
+}
+
+/// Copy tasks from segment `name` of `client` to a second segment of it: one running,
+/// one pending, one finished.
+async fn tasks(leader: &MasterService, round: u64, client: u128, name: &str) {
+    let target = format!("{name}-b");
+    MasterExt::mount_segment(
+        leader,
+        client,
+        target.clone(),
+        1 << 20,
+        format!("{name}y"),
+        0,
+    )
+    .await
+    .expect("mount a second segment");
+    let on_node = ReplicateConfig {
+        preferred_segment: name.to_string(),
+        ..ReplicateConfig::default()
+    };
+    let targets = [target];
+    // The pending one last: fetching takes the oldest queued task.
+    for n in [1, 3, 2] {
+        let key = format!("r{round}-task{n}");
+        put(leader, &key, 3000, &on_node);
+        let id = task_id(round, n);
+        assert_eq!(leader.create_copy_task(&key, &targets, id), Ok(id));
+        if n != 2 {
+            assert_eq!(leader.fetch_tasks(client, 1).len(), 1, "task {n} starts");
+        }
+        if n == 3 {
+            leader.finish_task(client, id, Ok(())).expect("finished");
+        }
     }
 }
 
@@ -149,6 +192,7 @@ async fn a_standby_applying_the_journal_matches_its_leader() {
             .any(|(_, image)| image.pending.is_some())
     );
     assert!(!state.disk.is_empty() && state.segments.len() >= 2);
+    assert!(state.tasks.len() >= 9, "{} tasks", state.tasks.len());
 }
 
 #[tokio::test]
@@ -162,7 +206,29 @@ async fn a_promoted_standby_continues_where_its_leader_stopped() {
     workload(&leader, 0).await;
     catch_up(&journal, &standby, &mut next).await;
     let in_progress = leader.pending_write_id("r0-in-progress").expect("pending");
+    // An upsert of an object being read: its old version's space waits for the lease.
+    put(&leader, "leased", 4096, &ReplicateConfig::default());
+    leader.get_replica_list("leased").expect("a read lease");
+    let started = leader
+        .upsert_start("leased", 4096, &ReplicateConfig::default())
+        .expect("upsert");
+    leader
+        .put_end("leased", started.write_id)
+        .expect("upsert end");
+    let waiting = leader.snapshot_state().deferred;
+    assert_eq!(waiting.len(), 1, "the old version waits for its reader");
+    catch_up(&journal, &standby, &mut next).await;
     standby.take_over(Arc::new(Journal::new(2, Duration::from_millis(100))));
+    assert_eq!(
+        standby
+            .snapshot_state()
+            .deferred
+            .iter()
+            .map(|(space, _)| *space)
+            .collect::<Vec<_>>(),
+        waiting.iter().map(|(space, _)| *space).collect::<Vec<_>>(),
+        "the new leader frees what its predecessor was waiting to free"
+    );
     // The write in progress completes on the new leader, and new writes get new ids
     // and space the old leader had not given out.
     standby
@@ -183,6 +249,29 @@ async fn a_promoted_standby_continues_where_its_leader_stopped() {
         standby.remove(&kept, false),
         Err(mooncake_core::error::ErrorCode::OBJECT_HAS_LEASE),
         "objects are held for one lease after a takeover"
+    );
+    // Copy tasks survive the failover: the running one is finished by its executor's
+    // report to the new leader, the pending one is handed out by it.
+    let (running, pending) = (task_id(0, 1), task_id(0, 2));
+    standby
+        .finish_task(1000, running, Ok(()))
+        .expect("the new leader knows the running task");
+    assert_eq!(
+        standby.query_task(running).map(|t| t.status),
+        Ok(mooncake_core::master_api::TaskStatus::Success)
+    );
+    let (replicas, _) = standby.get_replica_list("r0-task1").expect("readable");
+    assert_eq!(replicas.len(), 2, "the copy is a replica now");
+    let work = standby.fetch_tasks(1000, 10);
+    assert_eq!(
+        work.iter().map(|w| w.id).collect::<Vec<_>>(),
+        vec![pending],
+        "the pending task is handed out by the new leader"
+    );
+    assert_eq!(
+        standby.remove("r0-task2", true),
+        Err(mooncake_core::error::ErrorCode::OBJECT_HAS_REPLICATION_TASK),
+        "the object of an unfinished task is held"
     );
 }
 

@@ -135,6 +135,8 @@ impl MasterService {
         let mut state = SnapshotState {
             segments: self.segments.states(),
             offload_clients: self.offload.lock().keys().copied().collect(),
+            tasks: self.tasks.images(),
+            deferred: self.deferred_spaces(now),
             ..SnapshotState::default()
         };
         for shard in self.shards.iter() {
@@ -187,6 +189,19 @@ impl MasterService {
         for client in state.offload_clients {
             queues.entry(client).or_default();
         }
+        drop(queues);
+        self.tasks.clear();
+        for task in state.tasks {
+            self.apply_task(task, now);
+        }
+        let mut deferred = self.leader_deferred.lock();
+        deferred.clear();
+        for (space, left_ms) in state.deferred {
+            deferred.insert(
+                (space.segment, space.offset),
+                (space.len, now + Duration::from_millis(left_ms)),
+            );
+        }
         Ok(())
     }
 
@@ -227,6 +242,10 @@ impl MasterService {
                 }
             }
             Change::Unmounted { id } => {
+                // Its waiting frees went with it (a later segment may reuse the id).
+                self.leader_deferred
+                    .lock()
+                    .retain(|&(segment, _), _| segment != id);
                 let _ = self.unmount_segment(id);
             }
             Change::Allocated(space) => {
@@ -240,8 +259,22 @@ impl MasterService {
                 }
             }
             Change::Freed(space) => {
+                self.leader_deferred
+                    .lock()
+                    .remove(&(space.segment, space.offset));
                 if let Some(segment) = self.segments.get(space.segment) {
                     segment.free(allocation(space));
+                }
+            }
+            Change::Task(image) => self.apply_task(image, now),
+            Change::Deferred {
+                spaces,
+                release_in_ms,
+            } => {
+                let at = now + Duration::from_millis(release_in_ms);
+                let mut deferred = self.leader_deferred.lock();
+                for space in spaces {
+                    deferred.insert((space.segment, space.offset), (space.len, at));
                 }
             }
         }
@@ -304,7 +337,10 @@ impl MasterService {
 
     /// Becomes the leader of a new term: from now on changes go to `journal`. What the
     /// predecessor may have granted is honoured conservatively: every object is held
-    /// for one read lease (no eviction, no unforced removal, space not reused), every
+    /// for one read lease (no eviction, no unforced removal, space not reused), copy
+    /// and move tasks carry on (queued ones are handed out, running ones are finished
+    /// by their executors' reports; their timeouts count from when this master learned
+    /// of them), every
     /// segment owner counts as alive from now, objects not on disk yet are queued for
     /// their owner's SSD tier again, and writes in progress keep their age (they are
     /// discarded like any abandoned write).
@@ -327,7 +363,9 @@ impl MasterService {
                 self.clients.touch(segment.owner, now);
             }
         }
+        self.hold_task_objects();
         let _ = self.segments.start_journal(journal);
+        self.adopt_leader_deferred(now);
         *self.abandoned_scan_due.lock() = None;
         if self.config.enable_offload && !self.config.offload_on_evict {
             for (key, size, owner) in readable {
@@ -335,6 +373,22 @@ impl MasterService {
                     self.queue_offload(&key, size, owner);
                 }
             }
+        }
+    }
+
+    /// Frees, when due, the space the previous leader was waiting to free (a standby
+    /// taking over): without this it would stay allocated for good.
+    fn adopt_leader_deferred(&self, now: Instant) {
+        let waiting: Vec<_> = self.leader_deferred.lock().drain().collect();
+        for ((segment, offset), (len, release_at)) in waiting {
+            let Some(segment) = self.segments.get(segment) else {
+                continue;
+            };
+            let replica = StoredReplica {
+                segment,
+                allocation: Allocation { offset, len },
+            };
+            self.defer_or_free(vec![replica], release_at, now);
         }
     }
 }

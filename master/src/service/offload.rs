@@ -36,6 +36,9 @@ pub struct DiskCopy {
 pub(super) struct ClientQueue {
     work: OffloadWork,
     in_flight: HashSet<String>,
+    /// Keys in flight whose object was removed or replaced meanwhile: the copy being
+    /// written is of a version that is gone, and must not become the key's disk copy.
+    superseded: HashSet<String>,
 }
 
 /// The queues of every real client with the tier enabled.
@@ -124,6 +127,7 @@ impl MasterService {
         if !self.config.enable_offload {
             return false;
         }
+        self.supersede_in_flight(key);
         let Some(copy) = self.remove_disk_copy(key, None) else {
             return false;
         };
@@ -131,6 +135,17 @@ impl MasterService {
             queue.work.delete.push(key.to_string());
         }
         true
+    }
+
+    /// Marks `key` superseded wherever a copy of it is being written to disk (its
+    /// object was removed or replaced): that copy is deleted when reported, never
+    /// recorded (it would bring back a removed object, or an old version).
+    fn supersede_in_flight(&self, key: &str) {
+        for queue in self.offload.lock().values_mut() {
+            if queue.in_flight.contains(key) {
+                queue.superseded.insert(key.to_string());
+            }
+        }
     }
 
     /// Takes the queued work of `client` (at most `max` objects to write);
@@ -155,17 +170,38 @@ impl MasterService {
     /// not written. A report for an object that now has a different size (replaced
     /// meanwhile) is refused and its file queued for deletion.
     pub fn offload_done(&self, client: u128, objects: &[(String, u64)]) -> CodeResult<()> {
-        {
+        // Per object: superseded (its file is to be deleted), or its file is to be
+        // deleted already.
+        let skipped: Vec<(bool, bool)> = {
             let mut queues = self.offload.lock();
             let queue = queues
                 .get_mut(&client)
                 .ok_or(ErrorCode::SEGMENT_NOT_FOUND)?;
-            for (key, _) in objects {
-                queue.in_flight.remove(key);
-            }
-        }
-        for (key, size) in objects {
+            objects
+                .iter()
+                .map(|(key, _)| {
+                    queue.in_flight.remove(key);
+                    // A file the client is yet to delete (its object was removed) is
+                    // no copy either, when a restarted client reports its disk.
+                    (
+                        queue.superseded.remove(key),
+                        queue.work.delete.contains(key),
+                    )
+                })
+                .collect()
+        };
+        for ((key, size), (superseded, deleting)) in objects.iter().zip(skipped) {
             if self.check_key(key).is_err() {
+                continue;
+            }
+            if superseded || deleting {
+                if superseded
+                    && !deleting
+                    && *size != 0
+                    && let Some(queue) = self.offload.lock().get_mut(&client)
+                {
+                    queue.work.delete.push(key.clone());
+                }
                 continue;
             }
             let current = self.object_size_in_memory(key);
@@ -215,6 +251,24 @@ impl MasterService {
     pub fn disk_evicted(&self, client: u128, keys: &[String]) {
         for key in keys {
             self.remove_disk_copy(key, Some(client));
+        }
+    }
+
+    /// Forgets the disk of `old`, a real client that restarted as `new` on the same
+    /// node (it took its segment back): the files `old` was yet to delete (objects
+    /// removed while it was down) are `new`'s to delete, and are no copies when `new`
+    /// reports its disk.
+    pub(super) fn hand_over_disk(&self, old: u128, new: u128) {
+        let deletes = self
+            .offload
+            .lock()
+            .get_mut(&old)
+            .map(|queue| std::mem::take(&mut queue.work.delete))
+            .unwrap_or_default();
+        self.forget_disk_of(old);
+        if !deletes.is_empty() {
+            let mut queues = self.offload.lock();
+            queues.entry(new).or_default().work.delete.extend(deletes);
         }
     }
 

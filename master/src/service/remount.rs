@@ -27,7 +27,7 @@ impl MasterService {
         let old_owner = stale.owner;
         self.clients.remove(old_owner);
         self.fail_tasks_of(old_owner);
-        self.forget_disk_of(old_owner);
+        self.hand_over_disk(old_owner, owner);
         let segment = self
             .segments
             .remount(stale.id, owner, endpoint)

@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use crate::objects::{StoredReplica, Version, describe};
 use crate::tasks::TaskRecord;
+use mooncake_core::allocator::Allocation;
 use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::master_api::replication::{Change, TaskImage};
 use mooncake_core::master_api::{TaskInfo, TaskKind, TaskStatus, TaskWork};
 use mooncake_core::protocol::grant::Access;
 use mooncake_core::types::{ReplicaDescriptor, ReplicaStatus, SegmentId};
@@ -103,6 +105,7 @@ impl MasterService {
                 status: TaskStatus::Success,
                 ..info
             });
+            self.note_task(id);
             return Ok(id);
         }
         let record = TaskRecord {
@@ -116,6 +119,8 @@ impl MasterService {
             return Err(ErrorCode::TASK_PENDING_LIMIT_EXCEEDED);
         }
         entry.set_task(true);
+        drop(shard);
+        self.note_task(id);
         tracing::debug!(key, id = %format!("{id:032x}"), ?kind, "task queued");
         Ok(id)
     }
@@ -197,6 +202,7 @@ impl MasterService {
         let targets: Vec<ReplicaDescriptor> =
             describe(&allocated, version.size, ReplicaStatus::Processing);
         self.tasks.start(id, allocated, now);
+        self.note_task(id);
         let ttl = self.config.processing_task_timeout;
         let source = self
             .granted(key, vec![source], Access::Read, ttl)
@@ -237,6 +243,7 @@ impl MasterService {
         let Some((info, source, allocated)) = self.tasks.finish(id, executor, status) else {
             return false;
         };
+        self.note_task(id);
         let now = self.clock.now();
         let mut shard = self.shard(&info.key).lock();
         let Some(entry) = shard.get_mut(info.key.as_str()) else {
@@ -282,6 +289,44 @@ impl MasterService {
         }
         let dropped = version.replicas.split_off(|r| r.segment.id != segment);
         self.defer_or_free(dropped, lease_until.max(now), now);
+    }
+
+    /// Streams task `id`'s state to the standbys (when this master leads them).
+    fn note_task(&self, id: u128) {
+        if let Some(journal) = self.segments.journal()
+            && let Some(image) = self.tasks.image(id)
+        {
+            journal.record(Change::Task(image));
+        }
+    }
+
+    /// A leader's task, applied by a standby: the space it names is resolved in this
+    /// master's segments (already reserved through the leader's allocations).
+    pub(super) fn apply_task(&self, image: TaskImage, now: Instant) {
+        let allocated = image
+            .allocated
+            .iter()
+            .filter_map(|space| {
+                Some(StoredReplica {
+                    segment: self.segments.get(space.segment)?,
+                    allocation: Allocation {
+                        offset: space.offset,
+                        len: space.len,
+                    },
+                })
+            })
+            .collect();
+        self.tasks.apply(image, allocated, now);
+    }
+
+    /// Holds the object of every unfinished task (a standby taking over: the flag is
+    /// not part of the objects it received).
+    pub(super) fn hold_task_objects(&self) {
+        for key in self.tasks.unfinished_keys() {
+            if let Some(entry) = self.shard(&key).lock().get_mut(key.as_str()) {
+                entry.set_task(true);
+            }
+        }
     }
 
     /// Fails every unfinished task of a real client that went away.

@@ -774,6 +774,91 @@ fn objects_on_disk_outlive_memory_eviction() {
 }
 
 #[test]
+fn a_disk_copy_written_while_its_object_was_removed_or_replaced_is_not_recorded() {
+    let config = MasterConfig {
+        enable_offload: true,
+        ..MasterConfig::default()
+    };
+    let master = MasterService::new(config, Clock::manual());
+    master
+        .mount_segment("a", 1 << 20, 1, "a:1", 0)
+        .expect("mount");
+    master.enable_offload(1).expect("enable");
+    put(&master, "removed", 1000).expect("put");
+    put(&master, "replaced", 1000).expect("put");
+    let work = master.offload_fetch(1, 16).expect("work");
+    assert_eq!(work.store.len(), 2, "both are being written to disk");
+    // While the owner writes them, one is removed and the other replaced (same size).
+    assert_eq!(master.remove("removed", true), Ok(()));
+    let started = master
+        .upsert_start("replaced", 1000, &ReplicateConfig::default())
+        .expect("upsert");
+    master
+        .put_end("replaced", started.write_id)
+        .expect("upsert end");
+    master.offload_done(1, &work.store).expect("report");
+    assert_eq!(
+        master.exist("removed"),
+        Ok(false),
+        "a removed object does not come back from disk"
+    );
+    assert_eq!(
+        master.stats().objects_on_disk,
+        0,
+        "neither old copy is recorded"
+    );
+    let next = master.offload_fetch(1, 16).expect("work");
+    assert!(
+        next.delete.contains(&"removed".to_string())
+            && next.delete.contains(&"replaced".to_string()),
+        "the owner deletes both files: {:?}",
+        next.delete
+    );
+    assert_eq!(
+        next.store,
+        vec![("replaced".to_string(), 1000)],
+        "the new version goes to disk"
+    );
+}
+
+#[test]
+fn a_file_removed_while_its_node_restarted_does_not_come_back_with_its_disk() {
+    let config = MasterConfig {
+        enable_offload: true,
+        ..MasterConfig::default()
+    };
+    let master = MasterService::new(config, Clock::manual());
+    master
+        .mount_segment("node:1", 1 << 20, 1, "node:2", 42)
+        .expect("mount a segment file");
+    master.enable_offload(1).expect("enable");
+    put(&master, "gone", 1000).expect("put");
+    let work = master.offload_fetch(1, 16).expect("work");
+    master.offload_done(1, &work.store).expect("on disk");
+    // The node dies; meanwhile the object is removed (its file is to be deleted).
+    assert_eq!(master.remove("gone", true), Ok(()));
+    // It restarts (client 2) with the same segment file and reports its disk, which
+    // still holds the file.
+    master
+        .mount_segment("node:1", 1 << 20, 2, "node:2", 42)
+        .expect("taken back");
+    master.enable_offload(2).expect("enable");
+    master
+        .offload_done(2, &[("gone".to_string(), 1000)])
+        .expect("report");
+    assert_eq!(
+        master.exist("gone"),
+        Ok(false),
+        "a removed object stays removed"
+    );
+    assert_eq!(
+        master.offload_fetch(2, 16).expect("work").delete,
+        vec!["gone".to_string()],
+        "the restarted node deletes the file"
+    );
+}
+
+#[test]
 fn with_offload_on_evict_objects_reach_the_disk_only_when_chosen_for_eviction() {
     let config = MasterConfig {
         enable_offload: true,
@@ -1004,8 +1089,8 @@ fn space_freed_after_the_owner_took_its_segment_back_returns_to_it() {
         .expect("remount");
     clock.advance(Duration::from_secs(120));
     master.maintenance();
-    // The whole segment is free again: one object fills it.
-    put(&master, "whole", 1 << 20).expect("the freed space is back in the segment");
+    let used: Vec<u64> = master.stats().segments.iter().map(|s| s.used).collect();
+    assert_eq!(used, vec![0], "the freed space is back in the segment");
 }
 
 #[test]
