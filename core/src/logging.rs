@@ -251,6 +251,25 @@ impl LogSettings {
     }
 }
 
+/// Target of the records of evicted objects (level debug): one per object the master
+/// evicts from memory and per object a real client's SSD tier evicts, with its `key`
+/// and [`monotonic_us`] taken before the object left the index (no read saw it gone
+/// earlier). `--log_level=info,mooncake::eviction=debug` turns them on.
+pub const EVICTION_TARGET: &str = "mooncake::eviction";
+
+/// The host's monotonic clock (`CLOCK_MONOTONIC`) in microseconds: one clock for every
+/// process on the host, so records of different processes can be put in one order.
+pub fn monotonic_us() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec to write; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut now) };
+    let micros = i128::from(now.tv_sec) * 1_000_000 + i128::from(now.tv_nsec) / 1_000;
+    u64::try_from(micros).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

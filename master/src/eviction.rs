@@ -10,6 +10,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use mooncake_core::logging::{EVICTION_TARGET, monotonic_us};
 use serde::{Deserialize, Serialize};
 
 use super::objects::{ObjectEntry, Stamp};
@@ -111,6 +112,14 @@ impl MasterService {
                 report.offloading += 1;
                 continue;
             }
+            // Recorded before the object leaves the index, under its shard's lock: no
+            // read can find it gone earlier than the record's time.
+            tracing::debug!(
+                target: EVICTION_TARGET,
+                key = ?key,
+                monotonic_us = monotonic_us(),
+                "evicted from memory"
+            );
             if let Some(entry) = shard.remove(&key) {
                 report.bytes += replica_bytes(&entry);
                 report.objects += 1;

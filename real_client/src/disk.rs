@@ -15,6 +15,7 @@ use mooncake_shm::MemSlice;
 use parking_lot::Mutex;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
+use mooncake_core::logging::{EVICTION_TARGET, monotonic_us};
 use mooncake_offload::backend::{Eviction, Limits, RecoveryReport, StorageBackend, StoreError};
 use mooncake_offload::config::{BackendKind, OffloadConfig, validate_path};
 use mooncake_offload::factory::open_backend;
@@ -208,7 +209,13 @@ impl DiskTier {
                 (key.as_str(), bytes)
             })
             .collect();
-        let eviction = self.store.lock().make_room(&refs).map_err(|e| code(&e))?;
+        let eviction = {
+            let mut store = self.store.lock();
+            let since = monotonic_us();
+            let eviction = store.make_room(&refs).map_err(|e| code(&e))?;
+            record_evicted(&eviction, since);
+            eviction
+        };
         if !eviction.keys.is_empty()
             && let Err(code) = master.disk_evicted(client, eviction.keys.clone()).await
         {
@@ -318,7 +325,11 @@ impl DiskTier {
             if !above {
                 return Ok(());
             }
-            store.shrink_to(mark(room.limits.bytes, low), mark(room.limits.keys, low))
+            let since = monotonic_us();
+            let eviction =
+                store.shrink_to(mark(room.limits.bytes, low), mark(room.limits.keys, low));
+            record_evicted(&eviction, since);
+            eviction
         };
         if eviction.keys.is_empty() {
             return Ok(());
@@ -331,6 +342,20 @@ impl DiskTier {
         // Out of the index already: deleted either way (see `write_bucket`).
         self.store.lock().finish_eviction(eviction);
         told
+    }
+}
+
+/// Records each object `eviction` took out of the SSD tier's index (see
+/// [`EVICTION_TARGET`]), with the time `since` taken before it left; called under the
+/// store's lock, so no read finds them gone before the records are written.
+fn record_evicted(eviction: &Eviction, since: u64) {
+    for key in &eviction.keys {
+        tracing::debug!(
+            target: EVICTION_TARGET,
+            key = ?key,
+            monotonic_us = since,
+            "evicted from the SSD tier"
+        );
     }
 }
 

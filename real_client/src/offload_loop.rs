@@ -97,7 +97,7 @@ async fn offload_batch(
     }
     let fetched = work.store.len();
     let mut not_written = Vec::new();
-    for bucket in disk.buckets(work.store) {
+    for bucket in disk.buckets(once_each(work.store)) {
         write_from_segment(disk, store, master, client, bucket, &mut not_written).await;
     }
     if !not_written.is_empty() {
@@ -105,6 +105,20 @@ async fn offload_batch(
         master.offload_done(client, not_written).await?;
     }
     Ok(fetched)
+}
+
+/// `items` with each key once, at its last place: an object written again before this
+/// node fetched its queue is queued twice, and a batch naming a key twice is refused
+/// whole (the write reads the master's current version either way).
+fn once_each(items: Vec<(String, u64)>) -> Vec<(String, u64)> {
+    let mut seen = std::collections::HashSet::new();
+    let mut kept: Vec<(String, u64)> = items
+        .into_iter()
+        .rev()
+        .filter(|(key, _)| seen.insert(key.clone()))
+        .collect();
+    kept.reverse();
+    kept
 }
 
 /// Writes one bucket of `(key, size)` items straight from this node's segment: one
@@ -153,5 +167,19 @@ async fn write_from_segment(
     {
         tracing::warn!(%code, objects = objects.len(), "cannot write a bucket to the SSD tier");
         not_written.extend(objects.into_iter().map(|(key, _)| (key, 0)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::once_each;
+
+    #[test]
+    fn a_key_queued_twice_is_written_once_with_its_last_size() {
+        let items = vec![("a".into(), 1), ("b".into(), 2), ("a".into(), 3)];
+        assert_eq!(
+            once_each(items),
+            vec![("b".to_string(), 2), ("a".to_string(), 3)]
+        );
     }
 }

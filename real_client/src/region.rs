@@ -207,7 +207,10 @@ impl Region {
                     .read_into(range.addr, &dest)
                     .map_err(|e| failed(&e))
             }
-            Region::Device(range) => range.copy_into(dest),
+            Region::Device(range) => {
+                range.copy_into(dest)?;
+                intact(dest)
+            }
         }
     }
 
@@ -243,8 +246,10 @@ impl Region {
             Region::Device(range) => {
                 let source = shorter(source, range.len)?;
                 // SAFETY: the segment range being read is the object's, which no one
-                // writes while it is read (as for a memcpy).
-                range.write(unsafe { source.as_bytes() })
+                // writes while it is read (as for a memcpy). The driver reads it on this
+                // thread, guarded against a SIGBUS like every host copy.
+                unsafe { source.read_with(|bytes| range.write(bytes)) }?;
+                intact(&source)
             }
         }
     }

@@ -12,7 +12,7 @@
 
 use std::cell::Cell;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering, compiler_fence};
 
 /// Most mappings one guarded section names (a copy's source and destination, plus
 /// those of an enclosing section).
@@ -99,7 +99,13 @@ pub(crate) fn guarded<R>(mappings: &[Guarded], section: impl FnOnce() -> R) -> R
     }
     GUARDS.set(now);
     let _restore = Restore(before);
-    section()
+    // The handler reads the guards on this thread: no access of the section may be
+    // moved by the compiler to before they are set or after they are put back (the
+    // result is made opaque before they are).
+    compiler_fence(Ordering::SeqCst);
+    let result = std::hint::black_box(section());
+    compiler_fence(Ordering::SeqCst);
+    result
 }
 
 /// Installs the SIGBUS handler once per process.

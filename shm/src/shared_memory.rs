@@ -578,10 +578,32 @@ impl MemSlice {
     /// Runs `fill` on the slice's bytes as a mutable slice (for writers that produce
     /// bytes in place, like a file read), and returns what it returns.
     pub fn fill_with<R>(&self, fill: impl FnOnce(&mut [u8]) -> R) -> R {
-        // SAFETY: the range was bounds-checked against a mapping this slice keeps
-        // alive; as for `write_from`, the range is this slice's holder's to write.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) };
-        guarded(&[self.mem.guard()], || fill(bytes))
+        guarded(&[self.mem.guard()], || {
+            // Opaque inside the section, as in `read_with`.
+            let start = std::hint::black_box(self.ptr());
+            // SAFETY: the range was bounds-checked against a mapping this slice keeps
+            // alive; as for `write_from`, the range is this slice's holder's to write.
+            fill(unsafe { std::slice::from_raw_parts_mut(start, self.len) })
+        })
+    }
+
+    /// Runs `read` on the slice's bytes (for readers that consume them in place, like
+    /// a GPU driver copying them to device memory) under the same guard as every copy
+    /// here: a page a peer takes away meanwhile reads as zeros instead of ending the
+    /// process, and [`is_poisoned`](Self::is_poisoned) then says the bytes were
+    /// meaningless.
+    ///
+    /// # Safety
+    /// Nobody, in this process or a peer, may write the range while `read` runs.
+    pub unsafe fn read_with<R>(&self, read: impl FnOnce(&[u8]) -> R) -> R {
+        guarded(&[self.mem.guard()], || {
+            // The pointer is made opaque inside the section, so that no read of the
+            // bytes can be scheduled before the guard is in place.
+            let start = std::hint::black_box(self.ptr());
+            // SAFETY: the range was bounds-checked against a mapping this slice keeps
+            // alive; the caller guarantees it is not written meanwhile.
+            read(unsafe { std::slice::from_raw_parts(start, self.len) })
+        })
     }
 
     /// True once the mapping this slice lies in was poisoned
@@ -704,9 +726,15 @@ mod tests {
                 .expect("the remaining hugepages")
         });
 
+        // A reader consuming the bytes in place (a GPU driver copying them to device
+        // memory on this thread) is guarded too: without it, SIGBUS ends the test.
+        // SAFETY: nothing writes the range meanwhile.
+        let sum =
+            unsafe { first.read_with(|bytes| bytes.iter().map(|&b| u64::from(b)).sum::<u64>()) };
+        assert_eq!(sum, 0, "the page taken away reads as zeros");
+        assert!(first.is_poisoned() && ours.is_poisoned());
         // Without the guard this copy raises SIGBUS and the test binary dies.
         first.write_from(&[1u8; 4096]);
-        assert!(first.is_poisoned() && ours.is_poisoned());
         let mut back = [0u8; 8];
         assert_eq!(
             first.read_into(&mut back),

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use mooncake_core::protocol::address::SocketAddress;
 
 pub mod etcd;
+pub mod eviction_log;
 pub mod failpoints;
 pub mod history;
 pub mod offload;

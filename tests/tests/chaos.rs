@@ -10,9 +10,11 @@
 //! calls fail meanwhile), a dummy process killed in the middle of its calls, and, in a
 //! build with failpoints, a node whose transfer answers are cut mid-frame, whose SSD
 //! tier's disk fails, or a master whose answers are lost after the change (each for a
-//! while). Every call and its
-//! outcome is recorded; at the end each key is read once more and the checker must
-//! find no broken promise: nothing acknowledged lost, no torn or foreign bytes, no
+//! while); every 20 s a filler writes as many bytes as the cluster's memory holds, which
+//! forces eviction. Every call and its outcome is recorded, and so is every object the
+//! store evicted (from the processes' eviction records, `mooncake::eviction`); at the
+//! end each key is read once more and the checker must find no broken promise: nothing
+//! acknowledged lost that no remove or eviction explains, no torn or foreign bytes, no
 //! stale read after an acknowledged upsert or remove. Nothing the test started is left
 //! running.
 
@@ -20,19 +22,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use mooncake_core::logging::monotonic_us;
 use mooncake_dummy_client::{CodeResult, DummyClient, ErrorCode, ReplicateConfig};
 use mooncake_integration_tests::etcd::EtcdServer;
+use mooncake_integration_tests::eviction_log;
 use mooncake_integration_tests::failpoints::FailpointFile;
 use mooncake_integration_tests::history::{Event, Op, Outcome, Read, ValueId, Violation, check};
 use mooncake_integration_tests::offload::TempDir;
 use mooncake_integration_tests::{
-    DummyProcess, MasterProcess, RealClientProcess, eventually, try_http_get, unique_port,
+    DummyProcess, MasterProcess, RealClientProcess, eventually, unique_port,
 };
 
 /// Keys every dummy works on (a small space: their calls meet).
 const KEYS: usize = 16;
 /// Dummies calling, two per node.
 const CALLERS: usize = 6;
+/// Each node's memory segment.
+const SEGMENT_BYTES: u64 = 128 << 20;
+/// How often the filler forces eviction.
+const FILL_EVERY: Duration = Duration::from_secs(20);
+/// Size of the filler's objects.
+const FILL_OBJECT_BYTES: usize = 4 << 20;
 
 /// A small deterministic generator (the seed is printed, so a failure replays).
 struct Dice(u64);
@@ -107,6 +117,8 @@ fn read_event(key: &str, result: &CodeResult<Vec<u8>>) -> (Op, Outcome) {
 /// The recording: every call with its times on one clock (µs since the start).
 struct Recorder {
     started: Instant,
+    /// `started` on the host's monotonic clock (the eviction records' clock), in µs.
+    origin_us: u64,
     events: Mutex<Vec<Event>>,
     /// Which caller made each event (in step with `events`).
     callers: Mutex<Vec<usize>>,
@@ -128,6 +140,23 @@ impl Recorder {
             outcome,
         });
         self.callers.lock().expect("callers").push(caller);
+    }
+
+    /// The eviction records in `dirs`, as store events of the recording.
+    fn evictions(&self, dirs: &[std::path::PathBuf]) -> Vec<Event> {
+        dirs.iter()
+            .flat_map(|dir| eviction_log::read_dir(dir))
+            .map(|record| {
+                let at = record.monotonic_us.saturating_sub(self.origin_us);
+                Event {
+                    key: record.key,
+                    op: Op::Evicted,
+                    invoked: at,
+                    returned: at,
+                    outcome: Outcome::Ok,
+                }
+            })
+            .collect()
     }
 
     /// Logs a fault with its time on the recording's clock.
@@ -208,6 +237,51 @@ fn call_until(
                 }
             }
         }
+    }
+}
+
+/// The filler: a dummy that forces eviction now and then.
+struct Filler {
+    client: DummyClient,
+    next_value: ValueId,
+    /// Keys of acknowledged puts of earlier rounds.
+    written: Vec<String>,
+}
+
+impl Filler {
+    /// The recording's caller number of the filler.
+    const CALLER: usize = CALLERS;
+
+    /// Writes `capacity` bytes (what the cluster's memory holds) in objects of keys of
+    /// their own (of round `round`), which forces eviction; then reads back a few
+    /// objects of earlier rounds (those evicted must read absent, explained by eviction
+    /// records). Every call is recorded. Returns the bytes of the puts acknowledged.
+    fn round(&mut self, round: usize, capacity: u64, recorder: &Recorder, dice: &mut Dice) -> u64 {
+        let config = ReplicateConfig::default();
+        let mut acknowledged = 0u64;
+        let count = capacity / FILL_OBJECT_BYTES as u64;
+        let mut written = Vec::new();
+        for n in 0..count {
+            let k = format!("chaos/fill{round}/{n}");
+            self.next_value += 1;
+            let id = self.next_value;
+            let bytes = value_of(&k, id, FILL_OBJECT_BYTES);
+            let invoked = recorder.now();
+            let result = self.client.put(&k, &bytes, &config);
+            recorder.record(Self::CALLER, &k, Op::Put(id), invoked, outcome(&result));
+            if result.is_ok() {
+                acknowledged += FILL_OBJECT_BYTES as u64;
+                written.push(k);
+            }
+        }
+        for _ in 0..8.min(self.written.len()) {
+            let k = &self.written[dice.below(self.written.len())];
+            let invoked = recorder.now();
+            let (op, outcome) = read_event(k, &self.client.get(k));
+            recorder.record(Self::CALLER, k, op, invoked, outcome);
+        }
+        self.written.extend(written);
+        acknowledged
     }
 }
 
@@ -298,23 +372,34 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
     eprintln!("chaos: {seconds} s, seed {seed}");
     let mut dice = Dice(seed);
     let etcd = EtcdServer::start();
+    // Each process logs warnings to stderr and its eviction records to a file here.
+    let logs = TempDir::new("chaos-logs");
+    let log_dirs: Vec<std::path::PathBuf> = (0..6)
+        .map(|i| std::path::Path::new(logs.path()).join(format!("process{i}")))
+        .collect();
+    let log_flags = |i: usize| {
+        [
+            format!("--log_dir={}", log_dirs[i].display()),
+            "--stderrthreshold=1".to_string(),
+            "--log_level=warn,mooncake::eviction=debug".to_string(),
+        ]
+    };
     let cluster = format!("chaos-{}-{}", std::process::id(), unique_port());
     // One failpoints file per process: the scheduler switches them one process at a time.
     let master_failpoints: Vec<FailpointFile> = (0..3).map(|_| FailpointFile::new()).collect();
     let node_failpoints: Vec<FailpointFile> = (0..3).map(|_| FailpointFile::new()).collect();
     let mut masters: Vec<MasterProcess> = master_failpoints
         .iter()
-        .map(|file| {
+        .enumerate()
+        .map(|(i, file)| {
             // Short read leases: an upsert's old version is freed one lease after it
             // was replaced; at this test's rate of upserts on a few keys, the default
-            // (10 s) holds hundreds of MB and eviction (which the recording does not
-            // see) would start.
-            MasterProcess::start_ha_with_env(
-                &etcd.endpoint(),
-                &cluster,
-                &["--default_kv_lease_ttl=1000", "--enable_offload=true"],
-                &[file.env()],
-            )
+            // (10 s) holds hundreds of MB and the callers' own writes would keep the
+            // cluster evicting (only the filler should).
+            let logging = log_flags(3 + i);
+            let mut flags = vec!["--default_kv_lease_ttl=1000", "--enable_offload=true"];
+            flags.extend(logging.iter().map(String::as_str));
+            MasterProcess::start_ha_with_env(&etcd.endpoint(), &cluster, &flags, &[file.env()])
         })
         .collect();
     assert!(eventually(Duration::from_secs(15), || leader_of(&masters).is_some()));
@@ -322,24 +407,29 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
     let cluster_flag = format!("--cluster_id={cluster}");
     let files = SegmentFiles::new(3);
     let disks: Vec<TempDir> = (0..3).map(|_| TempDir::new("chaos-disk")).collect();
+    let segment = format!("{}MB", SEGMENT_BYTES >> 20);
     let mut nodes: Vec<RealClientProcess> = files
         .0
         .iter()
         .zip(&node_failpoints)
         .zip(&disks)
-        .map(|((path, failpoints), disk)| {
+        .enumerate()
+        .map(|(i, ((path, failpoints), disk))| {
             let file_flag = format!("--segment_path={}", path.display());
+            let logging = log_flags(i);
             // Reads see other nodes' upserts and removes at once (no read cache: the
             // checker holds them to the strict promise). Each node has an SSD tier.
+            let mut flags = vec![
+                master_flag.as_str(),
+                cluster_flag.as_str(),
+                file_flag.as_str(),
+                "--read_cache_ms=0",
+                "--enable_offload=true",
+            ];
+            flags.extend(logging.iter().map(String::as_str));
             RealClientProcess::start_with_env(
-                "256MB",
-                &[
-                    &master_flag,
-                    &cluster_flag,
-                    &file_flag,
-                    "--read_cache_ms=0",
-                    "--enable_offload=true",
-                ],
+                &segment,
+                &flags,
                 &[
                     failpoints.env(),
                     ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", disk.path()),
@@ -362,6 +452,7 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
         .collect();
     let recorder = Arc::new(Recorder {
         started: Instant::now(),
+        origin_us: monotonic_us(),
         events: Mutex::new(Vec::new()),
         callers: Mutex::new(Vec::new()),
     });
@@ -383,11 +474,33 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
         })
         .collect();
 
+    let mut filler = Filler {
+        client: DummyClient::setup_dummy(32 << 20, 8 << 20, Some(&nodes[2].address()))
+            .expect("the filler attaches"),
+        next_value: (Filler::CALLER as u64 + 1) << 40,
+        written: Vec::new(),
+    };
+    // A round fills every segment when each of its puts is acknowledged.
+    let capacity = SEGMENT_BYTES * 3;
+    let mut fills = 0;
+    let mut full_fills = 0;
+    let mut last_fill = Instant::now();
+
     let mut faults = Faults::default();
     let mut switched_on: Option<&FailpointFile> = None;
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(seconds) {
         std::thread::sleep(Duration::from_millis(500));
+        if last_fill.elapsed() >= FILL_EVERY {
+            let acknowledged = filler.round(fills, capacity, &recorder, &mut dice);
+            recorder.fault(&format!(
+                "fill round {fills}: {} MB of puts acknowledged",
+                acknowledged >> 20
+            ));
+            fills += 1;
+            full_fills += usize::from(acknowledged * 10 >= capacity * 9);
+            last_fill = Instant::now();
+        }
         match dice.below(7) {
             0 => {
                 if let Some(leader) = healthy_leader(&mut masters) {
@@ -473,10 +586,11 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
             }
         }
     }
-    let clients: Vec<DummyClient> = callers
+    let mut clients: Vec<DummyClient> = callers
         .into_iter()
         .map(|c| c.join().expect("caller"))
         .collect();
+    clients.push(filler.client);
 
     // The cluster serves, and every key is read once more.
     assert!(eventually(Duration::from_secs(20), || leader_of(&masters).is_some()));
@@ -499,21 +613,23 @@ fn chaos_of_kills_breaks_no_promise_of_the_history() {
         recorder.record(usize::MAX, &k, last.0, invoked, last.1);
     }
 
-    // Evictions are not in the recording: the test is sized so that none happens.
-    let evicted: f64 = masters
-        .iter()
-        .filter_map(|m| try_http_get(m.metrics_port, "/metrics"))
-        .filter_map(|text| {
-            text.lines().find_map(|line| {
-                line.strip_prefix("mooncake_master_evicted_objects_total")?
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-        })
-        .sum();
-    eprintln!("chaos: objects evicted (masters running now): {evicted}");
-    let events = std::mem::take(&mut *recorder.events.lock().expect("recording"));
+    let mut events = std::mem::take(&mut *recorder.events.lock().expect("recording"));
+    let evictions = recorder.evictions(&log_dirs);
+    eprintln!(
+        "chaos: {fills} fill rounds ({full_fills} filled the cluster), {} objects evicted \
+         (memory and SSD tiers, from the eviction records)",
+        evictions.len()
+    );
+    assert!(
+        full_fills == 0 || !evictions.is_empty(),
+        "the filler filled the cluster's memory and no eviction was recorded"
+    );
+    recorder
+        .callers
+        .lock()
+        .expect("callers")
+        .extend(std::iter::repeat_n(usize::MAX, evictions.len()));
+    events.extend(evictions);
     let violations = check(&events);
     let count = |pick: fn(&Event) -> bool| events.iter().filter(|e| pick(e)).count();
     eprintln!(

@@ -36,7 +36,7 @@ pub use wire::{
 };
 
 /// Version of the master protocol; clients and master must agree exactly.
-pub const MASTER_PROTOCOL_VERSION: u32 = 14;
+pub const MASTER_PROTOCOL_VERSION: u32 = 15;
 
 /// Most items one batch call may carry; a larger batch is refused with
 /// `INVALID_PARAMS` for every item (the [`MasterExt`] helpers split their batches at

@@ -113,6 +113,29 @@ pub enum Change {
         /// The real client.
         client: u128,
     },
+    /// Every disk copy of `old` is `new`'s (`old` restarted as `new` on the same node
+    /// and took its segment back).
+    DiskHandedOver {
+        /// The real client that went away.
+        old: u128,
+        /// The one that took its place.
+        new: u128,
+    },
+    /// The file of `key` on `client`'s disk is to be deleted (its object was removed
+    /// or replaced).
+    DiskDeleteQueued {
+        /// The real client.
+        client: u128,
+        /// The key.
+        key: String,
+    },
+    /// `client` took these deletions (it deletes the files now).
+    DiskDeletesFetched {
+        /// The real client.
+        client: u128,
+        /// The keys whose files it deletes.
+        keys: Vec<String>,
+    },
     /// `client` registered its SSD tier.
     OffloadEnabled {
         /// The real client.
@@ -193,6 +216,8 @@ pub struct SnapshotState {
     pub disk: Vec<(String, u128, u64)>,
     /// Real clients with an SSD tier.
     pub offload_clients: Vec<u128>,
+    /// Files each of them is yet to delete (keys).
+    pub disk_deletes: Vec<(u128, Vec<String>)>,
     /// Copy and move tasks, finished ones included.
     pub tasks: Vec<TaskImage>,
     /// Space waiting to be freed, with the milliseconds left until it may be.

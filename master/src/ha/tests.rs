@@ -34,6 +34,7 @@ fn normalized(mut state: SnapshotState) -> SnapshotState {
     state.segments.sort_by_key(|s| s.segment.id);
     state.disk.sort();
     state.offload_clients.sort_unstable();
+    state.disk_deletes.sort();
     state.tasks.sort_by_key(|t| t.info.id);
     // A leader's own waiting frees; a standby holds its leader's apart until it leads.
     state.deferred.clear();
@@ -110,6 +111,18 @@ async fn workload(leader: &MasterService, round: u64) {
     leader
         .offload_done(client, &[(format!("r{round}-k1-on-node"), 4096)])
         .expect("disk copy");
+    // Removed disk copies leave files to delete; a fetch takes those queued so far.
+    for i in [3, 6] {
+        let key = format!("r{round}-k{i}-on-node");
+        leader
+            .offload_done(client, &[(key.clone(), 4096)])
+            .expect("disk copy");
+        leader.remove(&key, true).expect("remove");
+        if i == 3 {
+            let taken = leader.offload_fetch(client, 0).expect("fetch").delete;
+            assert_eq!(taken, vec![key]);
+        }
+    }
     leader.evict(1 << 20);
     if round > 0 {
         leader.remove_client(client - 1);
@@ -192,6 +205,10 @@ async fn a_standby_applying_the_journal_matches_its_leader() {
             .any(|(_, image)| image.pending.is_some())
     );
     assert!(!state.disk.is_empty() && state.segments.len() >= 2);
+    assert!(
+        !state.disk_deletes.is_empty(),
+        "files to delete are replicated"
+    );
     assert!(state.tasks.len() >= 9, "{} tasks", state.tasks.len());
 }
 

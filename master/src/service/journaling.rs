@@ -132,9 +132,19 @@ impl MasterService {
     /// with the journal quiesced, so that it matches one journal position.
     pub fn snapshot_state(&self) -> SnapshotState {
         let now = self.clock.now();
+        let (offload_clients, disk_deletes) = {
+            let queues = self.offload.lock();
+            let deletes = queues
+                .iter()
+                .filter(|(_, queue)| !queue.work.delete.is_empty())
+                .map(|(client, queue)| (*client, queue.work.delete.clone()))
+                .collect();
+            (queues.keys().copied().collect(), deletes)
+        };
         let mut state = SnapshotState {
             segments: self.segments.states(),
-            offload_clients: self.offload.lock().keys().copied().collect(),
+            offload_clients,
+            disk_deletes,
             tasks: self.tasks.images(),
             deferred: self.deferred_spaces(now),
             ..SnapshotState::default()
@@ -189,6 +199,9 @@ impl MasterService {
         for client in state.offload_clients {
             queues.entry(client).or_default();
         }
+        for (client, keys) in state.disk_deletes {
+            queues.entry(client).or_default().work.delete = keys;
+        }
         drop(queues);
         self.tasks.clear();
         for task in state.tasks {
@@ -225,6 +238,33 @@ impl MasterService {
                 self.offload.lock().remove(&client);
                 for shard in self.disk.iter() {
                     shard.lock().retain(|_, copy| copy.owner != client);
+                }
+            }
+            Change::DiskHandedOver { old, new } => {
+                let deletes = self
+                    .offload
+                    .lock()
+                    .remove(&old)
+                    .map(|queue| queue.work.delete)
+                    .unwrap_or_default();
+                self.offload
+                    .lock()
+                    .entry(new)
+                    .or_default()
+                    .work
+                    .delete
+                    .extend(deletes);
+                self.reassign_disk(old, new);
+            }
+            Change::DiskDeleteQueued { client, key } => {
+                if let Some(queue) = self.offload.lock().get_mut(&client) {
+                    queue.work.delete.push(key);
+                }
+            }
+            Change::DiskDeletesFetched { client, keys } => {
+                if let Some(queue) = self.offload.lock().get_mut(&client) {
+                    let taken: std::collections::HashSet<String> = keys.into_iter().collect();
+                    queue.work.delete.retain(|key| !taken.contains(key));
                 }
             }
             Change::OffloadEnabled { client } => {
@@ -365,6 +405,11 @@ impl MasterService {
         }
         self.hold_task_objects();
         let _ = self.segments.start_journal(journal);
+        // The disk copies came with the state: what the nodes report from now on is
+        // checked against them.
+        for queue in self.offload.lock().values_mut() {
+            queue.disk_known = true;
+        }
         self.adopt_leader_deferred(now);
         *self.abandoned_scan_due.lock() = None;
         if self.config.enable_offload && !self.config.offload_on_evict {

@@ -34,11 +34,18 @@ pub struct DiskCopy {
 /// One real client's queue: work not fetched yet, and objects fetched but not reported.
 #[derive(Debug, Default)]
 pub(super) struct ClientQueue {
-    work: OffloadWork,
+    pub(super) work: OffloadWork,
     in_flight: HashSet<String>,
     /// Keys in flight whose object was removed or replaced meanwhile: the copy being
     /// written is of a version that is gone, and must not become the key's disk copy.
     superseded: HashSet<String>,
+    /// This master knows every copy on the client's disk (it took the disk over from
+    /// the client's previous instance, or took over from a leader that knew it): a
+    /// reported file it did not hand out and has no record of is a stale one (of an
+    /// object removed or replaced while its deletion or report was lost with a
+    /// process), deleted, never recorded. Otherwise (a master that started empty)
+    /// every reported file is taken as a copy.
+    pub(super) disk_known: bool,
 }
 
 /// The queues of every real client with the tier enabled.
@@ -131,10 +138,21 @@ impl MasterService {
         let Some(copy) = self.remove_disk_copy(key, None) else {
             return false;
         };
-        if let Some(queue) = self.offload.lock().get_mut(&copy.owner) {
-            queue.work.delete.push(key.to_string());
-        }
+        self.queue_delete(copy.owner, key);
         true
+    }
+
+    /// Queues the deletion of `key`'s file on `client`'s disk, journaled: a standby
+    /// that takes over has it queued too, so the file never comes back with the disk
+    /// `client` reports.
+    fn queue_delete(&self, client: u128, key: &str) {
+        if let Some(queue) = self.offload.lock().get_mut(&client) {
+            queue.work.delete.push(key.to_string());
+            self.note(|| Change::DiskDeleteQueued {
+                client,
+                key: key.to_string(),
+            });
+        }
     }
 
     /// Marks `key` superseded wherever a copy of it is being written to disk (its
@@ -159,10 +177,14 @@ impl MasterService {
         let take = queue.work.store.len().min(max);
         let store: Vec<(String, u64)> = queue.work.store.drain(..take).collect();
         queue.in_flight.extend(store.iter().map(|(k, _)| k.clone()));
-        Ok(OffloadWork {
-            store,
-            delete: std::mem::take(&mut queue.work.delete),
-        })
+        let delete = std::mem::take(&mut queue.work.delete);
+        if !delete.is_empty() {
+            self.note(|| Change::DiskDeletesFetched {
+                client,
+                keys: delete.clone(),
+            });
+        }
+        Ok(OffloadWork { store, delete })
     }
 
     /// Records objects real client `client` has on disk (after writing them, or all of
@@ -170,9 +192,10 @@ impl MasterService {
     /// not written. A report for an object that now has a different size (replaced
     /// meanwhile) is refused and its file queued for deletion.
     pub fn offload_done(&self, client: u128, objects: &[(String, u64)]) -> CodeResult<()> {
-        // Per object: superseded (its file is to be deleted), or its file is to be
-        // deleted already.
-        let skipped: Vec<(bool, bool)> = {
+        // Per object: superseded (its file is to be deleted), its file is to be deleted
+        // already, or it is to be checked against the records (not handed out by
+        // this master to this client, whose disk it knows).
+        let skipped: Vec<(bool, bool, bool)> = {
             let mut queues = self.offload.lock();
             let queue = queues
                 .get_mut(&client)
@@ -180,27 +203,33 @@ impl MasterService {
             objects
                 .iter()
                 .map(|(key, _)| {
-                    queue.in_flight.remove(key);
+                    let handed_out = queue.in_flight.remove(key);
                     // A file the client is yet to delete (its object was removed) is
                     // no copy either, when a restarted client reports its disk.
                     (
                         queue.superseded.remove(key),
                         queue.work.delete.contains(key),
+                        !handed_out && queue.disk_known,
                     )
                 })
                 .collect()
         };
-        for ((key, size), (superseded, deleting)) in objects.iter().zip(skipped) {
+        for ((key, size), (superseded, deleting, unverified)) in objects.iter().zip(skipped) {
             if self.check_key(key).is_err() {
                 continue;
             }
+            if unverified && !deleting {
+                let recorded = self
+                    .disk_copy(key)
+                    .is_some_and(|copy| copy.owner == client && copy.size == *size);
+                if !recorded && *size != 0 {
+                    self.queue_delete(client, key);
+                }
+                continue;
+            }
             if superseded || deleting {
-                if superseded
-                    && !deleting
-                    && *size != 0
-                    && let Some(queue) = self.offload.lock().get_mut(&client)
-                {
-                    queue.work.delete.push(key.clone());
+                if superseded && !deleting && *size != 0 {
+                    self.queue_delete(client, key);
                 }
                 continue;
             }
@@ -212,9 +241,7 @@ impl MasterService {
                 continue;
             }
             if current.is_some_and(|s| s != *size) {
-                if let Some(queue) = self.offload.lock().get_mut(&client) {
-                    queue.work.delete.push(key.clone());
-                }
+                self.queue_delete(client, key);
                 continue;
             }
             let mut shard = self.disk_shard(key).lock();
@@ -254,36 +281,55 @@ impl MasterService {
         }
     }
 
-    /// Forgets the disk of `old`, a real client that restarted as `new` on the same
-    /// node (it took its segment back): the files `old` was yet to delete (objects
-    /// removed while it was down) are `new`'s to delete, and are no copies when `new`
-    /// reports its disk.
+    /// Gives the SSD tier of `old`, a real client that restarted as `new` on the same
+    /// node (it took its segment back), to `new`: `old`'s disk copies are `new`'s (the
+    /// same files), so they stay readable through the restart; the files `old` was yet
+    /// to delete (objects removed while it was down) are `new`'s to delete, and are no
+    /// copies when `new` reports its disk; the writes `old` was yet to do will not
+    /// happen (those objects may leave memory again).
     pub(super) fn hand_over_disk(&self, old: u128, new: u128) {
-        let deletes = self
-            .offload
-            .lock()
-            .get_mut(&old)
-            .map(|queue| std::mem::take(&mut queue.work.delete))
-            .unwrap_or_default();
-        self.forget_disk_of(old);
-        if !deletes.is_empty() {
-            let mut queues = self.offload.lock();
-            queues.entry(new).or_default().work.delete.extend(deletes);
+        let Some(deletes) = self.drop_queue(old) else {
+            return;
+        };
+        let mut queues = self.offload.lock();
+        let taken_over = queues.entry(new).or_default();
+        taken_over.work.delete.extend(deletes);
+        taken_over.disk_known = true;
+        drop(queues);
+        self.reassign_disk(old, new);
+        self.note(|| Change::DiskHandedOver { old, new });
+    }
+
+    /// Removes `client`'s queue; its pending writes will not happen, so those objects
+    /// may leave memory again. Returns the files it was yet to delete (`None`: it had
+    /// no queue).
+    fn drop_queue(&self, client: u128) -> Option<Vec<String>> {
+        let queue = self.offload.lock().remove(&client)?;
+        for key in queue.in_flight {
+            self.clear_offload_pending(&key);
+        }
+        for (key, _) in queue.work.store {
+            self.clear_offload_pending(&key);
+        }
+        Some(queue.work.delete)
+    }
+
+    /// Makes every disk copy of `old` one of `new`.
+    pub(super) fn reassign_disk(&self, old: u128, new: u128) {
+        for shard in self.disk.iter() {
+            for copy in shard.lock().values_mut() {
+                if copy.owner == old {
+                    copy.owner = new;
+                }
+            }
         }
     }
 
     /// Forgets the SSD tier of a real client that went away (its disk copies come back
     /// when it registers again).
     pub(super) fn forget_disk_of(&self, client: u128) {
-        let Some(queue) = self.offload.lock().remove(&client) else {
+        if self.drop_queue(client).is_none() {
             return;
-        };
-        // Its pending writes will not happen: those objects may leave memory again.
-        for key in queue.in_flight {
-            self.clear_offload_pending(&key);
-        }
-        for (key, _) in queue.work.store {
-            self.clear_offload_pending(&key);
         }
         for shard in self.disk.iter() {
             shard.lock().retain(|_, copy| copy.owner != client);

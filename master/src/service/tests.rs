@@ -773,13 +773,18 @@ fn objects_on_disk_outlive_memory_eviction() {
     assert_eq!(master.exist("w"), Ok(false));
 }
 
-#[test]
-fn a_disk_copy_written_while_its_object_was_removed_or_replaced_is_not_recorded() {
+/// A master with the SSD tier enabled, on a manual clock.
+fn offload_master() -> MasterService {
     let config = MasterConfig {
         enable_offload: true,
         ..MasterConfig::default()
     };
-    let master = MasterService::new(config, Clock::manual());
+    MasterService::new(config, Clock::manual())
+}
+
+#[test]
+fn a_disk_copy_written_while_its_object_was_removed_or_replaced_is_not_recorded() {
+    let master = offload_master();
     master
         .mount_segment("a", 1 << 20, 1, "a:1", 0)
         .expect("mount");
@@ -823,11 +828,7 @@ fn a_disk_copy_written_while_its_object_was_removed_or_replaced_is_not_recorded(
 
 #[test]
 fn a_file_removed_while_its_node_restarted_does_not_come_back_with_its_disk() {
-    let config = MasterConfig {
-        enable_offload: true,
-        ..MasterConfig::default()
-    };
-    let master = MasterService::new(config, Clock::manual());
+    let master = offload_master();
     master
         .mount_segment("node:1", 1 << 20, 1, "node:2", 42)
         .expect("mount a segment file");
@@ -855,6 +856,48 @@ fn a_file_removed_while_its_node_restarted_does_not_come_back_with_its_disk() {
         master.offload_fetch(2, 16).expect("work").delete,
         vec!["gone".to_string()],
         "the restarted node deletes the file"
+    );
+}
+
+#[test]
+fn a_node_restarted_on_its_segment_file_keeps_its_disk_copies_readable() {
+    let master = offload_master();
+    master
+        .mount_segment("node:1", 1 << 20, 1, "node:2", 42)
+        .expect("mount a segment file");
+    master.enable_offload(1).expect("enable");
+    master
+        .offload_done(1, &[("on-disk".to_string(), 7)])
+        .expect("an object only on disk");
+    // The node restarts (client 2, a new endpoint) and takes its segment back; until
+    // it reports its disk, its copies are still read, from the new endpoint.
+    master
+        .mount_segment("node:1", 1 << 20, 2, "node:3", 42)
+        .expect("taken back");
+    let (replicas, _) = master.get_replica_list("on-disk").expect("still readable");
+    assert_eq!(
+        replicas[0].location,
+        mooncake_core::types::ReplicaLocation::Disk {
+            segment_name: "node:1".into(),
+            endpoint: "node:3".into()
+        }
+    );
+    master.enable_offload(2).expect("enable");
+    // Its disk also holds a file of an object removed while the deletion was lost
+    // with the previous process: not a copy, deleted.
+    master
+        .offload_done(2, &[("on-disk".to_string(), 7), ("stale".to_string(), 5)])
+        .expect("report");
+    assert_eq!(master.object_size("on-disk"), Ok(7));
+    assert_eq!(master.exist("stale"), Ok(false), "a stale file stays gone");
+    assert_eq!(
+        master.stats().objects_on_disk,
+        1,
+        "one copy, the new node's"
+    );
+    assert_eq!(
+        master.offload_fetch(2, 16).expect("work").delete,
+        vec!["stale".to_string()]
     );
 }
 
