@@ -104,6 +104,7 @@ mod registry {
                 let seen = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
                 if let Ok(text) = std::fs::read_to_string(&path) {
                     apply_entries(&mut registry, &text);
+                    acknowledge(&path, &text);
                 }
                 let _ = std::thread::Builder::new()
                     .name("failpoints".into())
@@ -234,9 +235,23 @@ mod registry {
                 seen = modified;
                 if let Ok(text) = std::fs::read_to_string(&path) {
                     apply_file(&text);
+                    acknowledge(&path, &text);
                 }
             }
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Writes what this process applied from the file at `path` next to it
+    /// (`<path>.applied.<pid>`), so that whoever switched it can wait until it holds.
+    fn acknowledge(path: &std::path::Path, text: &str) {
+        let mut name = path.as_os_str().to_owned();
+        name.push(format!(".applied.{}", std::process::id()));
+        let done = std::path::PathBuf::from(&name);
+        name.push(".tmp");
+        let next = std::path::PathBuf::from(name);
+        if std::fs::write(&next, text).is_ok() {
+            let _ = std::fs::rename(&next, &done);
         }
     }
 

@@ -3,7 +3,7 @@
 //! changes (`MOONCAKE_FAILPOINTS_FILE`, see `mooncake_core::failpoint`).
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A failpoints file, removed on drop.
 #[derive(Debug)]
@@ -36,13 +36,43 @@ impl FailpointFile {
     }
 
     /// Sets the failpoints to `spec` (`name=actions` entries separated by `;`), the
-    /// ones not named off, and waits until the processes have read it.
+    /// ones not named off, and waits (at most 10 s) until a process following the file
+    /// has applied it: each checks the file every 100 ms and acknowledges what it
+    /// applied in `<file>.applied.<pid>`.
     pub fn set(&self, spec: &str) {
+        let text = spec.replace(';', "\n");
         let next = self.0.with_extension("next");
-        std::fs::write(&next, spec.replace(';', "\n")).expect("write the failpoints file");
+        std::fs::write(&next, &text).expect("write the failpoints file");
         std::fs::rename(&next, &self.0).expect("replace the failpoints file");
-        // Each process checks the file every 100 ms.
-        std::thread::sleep(Duration::from_millis(400));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && !self.acknowledged(&text) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// True when a process acknowledged applying `text`.
+    fn acknowledged(&self, text: &str) -> bool {
+        self.acknowledgements()
+            .any(|path| std::fs::read_to_string(path).is_ok_and(|applied| applied == text))
+    }
+
+    /// The acknowledgement files of the processes following this file.
+    fn acknowledgements(&self) -> impl Iterator<Item = PathBuf> {
+        let prefix = format!("{}.applied.", self.file_name());
+        let dir = self.0.parent().map(PathBuf::from).unwrap_or_default();
+        std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter(move |entry| entry.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|entry| entry.path())
+    }
+
+    fn file_name(&self) -> String {
+        self.0
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default()
     }
 
     /// Switches every failpoint of the file off.
@@ -53,6 +83,9 @@ impl FailpointFile {
 
 impl Drop for FailpointFile {
     fn drop(&mut self) {
+        for acknowledgement in self.acknowledgements().collect::<Vec<_>>() {
+            let _ = std::fs::remove_file(acknowledgement);
+        }
         let _ = std::fs::remove_file(&self.0);
     }
 }
