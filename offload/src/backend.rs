@@ -13,6 +13,7 @@
 //! eviction gets the right bytes or "not found", never other bytes.
 
 use std::fs::File;
+use std::io::IoSliceMut;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -208,13 +209,22 @@ impl Eviction {
     }
 }
 
+/// The objects of a batch: keys and values.
+pub type Objects<'a> = [(&'a str, &'a [u8])];
+
+/// Writes a prepared batch's objects (given again to [`PreparedBatch::write`]).
+type WriteFn = Box<dyn FnOnce(&Objects<'_>) -> Result<(), StoreError> + Send>;
+
 /// A batch checked and given its place by [`StorageBackend::prepare_batch`]. Its bytes
-/// are written by [`write`](Self::write) without holding the backend (reads go on
-/// meanwhile); then [`StorageBackend::commit_batch`] indexes it, or undoes the
-/// reservation when the write failed.
+/// are written by [`write`](Self::write), from the objects themselves (no copy is
+/// made in between) and without holding the backend (reads go on meanwhile); then
+/// [`StorageBackend::commit_batch`] indexes it, or undoes the reservation when the
+/// write failed.
 #[must_use = "a prepared batch holds reserved space until committed"]
 pub struct PreparedBatch {
-    write: Option<Box<dyn FnOnce() -> Result<(), StoreError> + Send>>,
+    write: Option<WriteFn>,
+    /// Key and value lengths of the objects prepared, which `write` must be given.
+    shape: Vec<(usize, usize)>,
     /// What the backend needs to index the batch (its own type).
     pub(crate) state: Box<dyn std::any::Any + Send>,
 }
@@ -222,26 +232,42 @@ pub struct PreparedBatch {
 impl std::fmt::Debug for PreparedBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PreparedBatch")
+            .field("objects", &self.shape.len())
             .field("written", &self.write.is_none())
             .finish_non_exhaustive()
     }
 }
 
 impl PreparedBatch {
-    /// A batch whose bytes `write` writes, indexed later from `state`.
+    /// A batch of `objects` whose bytes `write` writes, indexed later from `state`.
     pub(crate) fn new(
-        write: impl FnOnce() -> Result<(), StoreError> + Send + 'static,
+        objects: &Objects<'_>,
+        write: impl FnOnce(&Objects<'_>) -> Result<(), StoreError> + Send + 'static,
         state: impl std::any::Any + Send,
     ) -> Self {
         PreparedBatch {
             write: Some(Box::new(write)),
+            shape: objects.iter().map(|(k, v)| (k.len(), v.len())).collect(),
             state: Box::new(state),
         }
     }
 
-    /// Phase two: writes and syncs the batch's bytes (once; later calls do nothing).
-    pub fn write(&mut self) -> Result<(), StoreError> {
-        self.write.take().map_or(Ok(()), |write| write())
+    /// Phase two: writes and syncs the batch's bytes, read from `objects`, which must
+    /// be the objects the batch was prepared for (their keys and values may be
+    /// borrowed from anywhere, shared memory included). Once; later calls do
+    /// nothing. Objects of other lengths than those prepared are refused.
+    pub fn write(&mut self, objects: &Objects<'_>) -> Result<(), StoreError> {
+        let same = objects.len() == self.shape.len()
+            && objects
+                .iter()
+                .zip(&self.shape)
+                .all(|((k, v), shape)| (k.len(), v.len()) == *shape);
+        if !same {
+            return Err(StoreError::Invalid(
+                "a prepared batch written with other objects than it was prepared for".into(),
+            ));
+        }
+        self.write.take().map_or(Ok(()), |write| write(objects))
     }
 
     /// The backend's state, when it is of type `T`.
@@ -326,8 +352,8 @@ impl ReadPlan {
     }
 
     /// Reads the value into the start of `dest` and checks the record's key and
-    /// checksum; returns the value's length. With io_uring the record is read with
-    /// O_DIRECT in one operation.
+    /// checksum; returns the value's length. The header and key go to a small buffer
+    /// and the value straight into `dest`, in one read.
     pub fn read_into(&self, dest: &mut [u8]) -> Result<u64, StoreError> {
         let need = self.value_len;
         if (dest.len() as u64) < need {
@@ -337,7 +363,6 @@ impl ReadPlan {
             });
         }
         let value = &mut dest[..usize::try_from(need).unwrap_or(usize::MAX)];
-        let record_len = HEADER_LEN + self.key.len() + value.len();
         let (path, offset, io) = match &self.source {
             Source::File {
                 path, offset, io, ..
@@ -346,22 +371,43 @@ impl ReadPlan {
                 return self.read_from_store(source.as_ref(), store_key, value);
             }
         };
-        let direct = io.read_direct(path, offset, record_len, |record| {
-            let (head, body) = record.split_at(HEADER_LEN + self.key.len());
-            // Checked in the private read buffer: `dest` may be memory another process
-            // can change meanwhile.
-            let checked = self.check(head, body);
-            value.copy_from_slice(body);
-            checked
-        });
-        match direct {
-            Some(Ok(checked)) => checked,
-            Some(Err(error)) if error.kind() == std::io::ErrorKind::NotFound => {
-                Err(StoreError::NotFound)
-            }
-            Some(Err(error)) => Err(read_failed(path, error)),
-            None => self.read_buffered(path, offset, io, value),
+        let file = File::open(path).map_err(|_| StoreError::NotFound)?;
+        let mut head = vec![0u8; HEADER_LEN + self.key.len()];
+        let mut parts = [IoSliceMut::new(&mut head), IoSliceMut::new(value)];
+        io.read_gathered(&file, &mut parts, offset)
+            .map_err(|error| read_failed(path, error))?;
+        match self.check(&head, value) {
+            Err(StoreError::Corrupt(_)) => self.recheck(&file, offset, io, value),
+            checked => checked,
         }
+    }
+
+    /// Reads a record that failed its check again, into a private buffer: `dest` may
+    /// be memory another process changed meanwhile, which must not get an intact
+    /// record dropped. Copies the value to `value` when the record is intact.
+    fn recheck(
+        &self,
+        file: &File,
+        offset: u64,
+        io: &IoEngine,
+        value: &mut [u8],
+    ) -> Result<u64, StoreError> {
+        let mut record = vec![0u8; HEADER_LEN + self.key.len() + value.len()];
+        io.read_gathered(file, &mut [IoSliceMut::new(&mut record)], offset)
+            .map_err(|error| match error.kind() {
+                std::io::ErrorKind::UnexpectedEof => {
+                    StoreError::Corrupt(record::RecordError::Truncated)
+                }
+                _ => StoreError::Io {
+                    op: "read",
+                    path: PathBuf::new(),
+                    source: error,
+                },
+            })?;
+        let (head, body) = record.split_at(HEADER_LEN + self.key.len());
+        self.check(head, body)?;
+        value.copy_from_slice(body);
+        Ok(self.value_len)
     }
 
     /// Reads the record from a store outside this machine and checks it: header and
@@ -380,24 +426,6 @@ impl ReadPlan {
             // not a record; never this object's bytes, and nothing to drop here.
             _ => Err(StoreError::NotFound),
         }
-    }
-
-    /// [`read_into`](Self::read_into) through the page cache: header and key, then
-    /// the value.
-    fn read_buffered(
-        &self,
-        path: &Path,
-        offset: u64,
-        io: &IoEngine,
-        value: &mut [u8],
-    ) -> Result<u64, StoreError> {
-        let file = File::open(path).map_err(|_| StoreError::NotFound)?;
-        let mut head = vec![0u8; HEADER_LEN + self.key.len()];
-        io.read_exact_at(&file, &mut head, offset)
-            .map_err(|error| read_failed(path, error))?;
-        io.read_exact_at(&file, value, offset + head.len() as u64)
-            .map_err(|error| read_failed(path, error))?;
-        self.check(&head, value)
     }
 
     /// Checks a record read back: its header, that it holds this plan's key (another
@@ -494,8 +522,14 @@ pub trait StorageBackend: Send + std::fmt::Debug {
     /// The three phases at once: writes `objects` durably and indexes them.
     fn write_batch(&mut self, objects: &[(&str, &[u8])]) -> Result<(), StoreError> {
         let mut batch = self.prepare_batch(objects)?;
-        let written = batch.write();
+        let written = batch.write(objects);
         self.commit_batch(batch, written)
+    }
+
+    /// Whether writing a batch copies each value into a buffer of the backend first
+    /// (the file backends write values from where they are).
+    fn copies_values(&self) -> bool {
+        false
     }
 
     /// Looks `key` up (recording the read for `lru`); the bytes are read with
@@ -547,18 +581,16 @@ pub(crate) fn check_batch(
     Ok(())
 }
 
-/// The record of `key` and `value`, in a buffer of its own.
+/// The record of `key` and `value`, in a buffer of its own (for tests that build
+/// stores' contents by hand).
+#[cfg(any(test, feature = "test-utils"))]
 pub(crate) fn encode_record(key: &str, value: &[u8]) -> Vec<u8> {
-    let mut record = Vec::with_capacity(usize::try_from(record_len(key, value)).unwrap_or(0));
-    append_record(&mut record, key, value);
-    record
-}
-
-/// Appends the record of `key` and `value` to `out`.
-pub(crate) fn append_record(out: &mut Vec<u8>, key: &str, value: &[u8]) {
-    out.extend_from_slice(&record::header(key.as_bytes(), value));
-    out.extend_from_slice(key.as_bytes());
-    out.extend_from_slice(value);
+    [
+        &record::header(key.as_bytes(), value)[..],
+        key.as_bytes(),
+        value,
+    ]
+    .concat()
 }
 
 /// Bytes of the record of `key` and `value`.

@@ -35,13 +35,14 @@ use std::sync::Arc;
 
 use crate::backend::{
     Eviction, Limits, PreparedBatch, Progress, ReadPlan, RecoveryReport, Room, StorageBackend,
-    StoreError, append_record, check_batch, check_record, delete_file, foreign_batch, io_error,
-    record_len, sync_dir, write_synced,
+    StoreError, check_batch, check_record, delete_file, foreign_batch, io_error, record_len,
+    sync_dir, write_synced,
 };
 use crate::checksum::crc32c;
 use crate::config::EvictionPolicy;
 use crate::io::IoEngine;
-use crate::record::{HEADER_LEN, MAX_KEY_LEN};
+use crate::record::MAX_KEY_LEN;
+use crate::record_writer::{Placement, write_records};
 
 /// Where one object is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,7 +129,7 @@ impl BucketStore {
     pub fn write_bucket(&mut self, objects: &[(&str, &[u8])]) -> Result<u64, StoreError> {
         let mut batch = self.prepare_batch(objects)?;
         let id = batch.state.downcast_ref::<NewBucket>().map_or(0, |b| b.id);
-        let written = batch.write();
+        let written = batch.write(objects);
         self.commit_batch(batch, written).map(|()| id)
     }
 
@@ -266,23 +267,24 @@ impl StorageBackend for BucketStore {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let (data, locations) = build_data(id, objects);
+        let (locations, data_len) = locate_records(id, objects);
         let entries: Vec<(&str, Location)> = objects
             .iter()
             .map(|(k, _)| *k)
             .zip(locations.iter().copied())
             .collect();
-        let meta = build_meta(&entries, data.len() as u64);
+        let meta = build_meta(&entries, data_len);
         let state = NewBucket {
             id,
             keys: objects.iter().map(|(k, _)| (*k).to_string()).collect(),
-            locations,
-            bytes: data.len() as u64 + meta.len() as u64,
+            locations: locations.clone(),
+            bytes: data_len + meta.len() as u64,
         };
         let (io, dir, data_path) = (Arc::clone(&self.io), self.dir.clone(), self.data_path(id));
         Ok(PreparedBatch::new(
-            move || {
-                write_synced(&io, &data_path, &data)?;
+            objects,
+            move |objects| {
+                write_data(&io, &data_path, objects, &locations)?;
                 commit_meta(&io, &dir, id, &meta)
             },
             state,
@@ -391,27 +393,50 @@ fn initial_id() -> u64 {
     seconds << 12
 }
 
-fn build_data(id: u64, objects: &[(&str, &[u8])]) -> (Vec<u8>, Vec<Location>) {
-    let total: usize = objects
+/// Where each record of bucket `id` goes (back to back from offset 0), and the data
+/// file's length.
+fn locate_records(id: u64, objects: &[(&str, &[u8])]) -> (Vec<Location>, u64) {
+    let mut offset = 0u64;
+    let locations = objects
         .iter()
-        .map(|(k, v)| HEADER_LEN + k.len() + v.len())
-        .sum();
-    let mut data = Vec::with_capacity(total);
-    let mut locations = Vec::with_capacity(objects.len());
-    for (key, value) in objects {
-        #[expect(
-            clippy::cast_possible_truncation,
-            reason = "checked against MAX_KEY_LEN"
-        )]
-        locations.push(Location {
-            bucket: id,
-            offset: data.len() as u64,
-            key_len: key.len() as u32,
-            value_len: value.len() as u64,
-        });
-        append_record(&mut data, key, value);
-    }
-    (data, locations)
+        .map(|(key, value)| {
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "checked against MAX_KEY_LEN"
+            )]
+            let location = Location {
+                bucket: id,
+                offset,
+                key_len: key.len() as u32,
+                value_len: value.len() as u64,
+            };
+            offset += record_len(key, value);
+            location
+        })
+        .collect();
+    (locations, offset)
+}
+
+/// Creates the data file of a bucket at `path` and writes its records (straight from
+/// `objects`, placed at `locations`), then syncs it.
+fn write_data(
+    io: &IoEngine,
+    path: &Path,
+    objects: &[(&str, &[u8])],
+    locations: &[Location],
+) -> Result<(), StoreError> {
+    let file = File::create(path).map_err(io_error("create", path))?;
+    let records: Vec<Placement<'_>> = objects
+        .iter()
+        .zip(locations)
+        .map(|((key, value), location)| Placement {
+            offset: location.offset,
+            key,
+            value,
+        })
+        .collect();
+    write_records(io, &file, &records).map_err(io_error("write", path))?;
+    io.sync_data(&file).map_err(io_error("sync", path))
 }
 
 fn build_meta(entries: &[(&str, Location)], data_len: u64) -> Vec<u8> {

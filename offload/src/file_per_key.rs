@@ -8,10 +8,12 @@
 //! [record](crate::record) holding the key and the value. Names come from ids, not
 //! keys, so any key (slashes, the tenant separator, 1 MiB of text) is safe.
 //!
-//! A file is written as `<name>.tmp`, synced, renamed, and its directory synced, so a
-//! file with the final name is always whole. At startup every `.tmp` is deleted and
-//! every `.rec` is read back and checked: a torn or corrupt file is deleted (and
-//! counted); when two files hold the same key the newer wins.
+//! A batch's files are written under their final names and the filesystem is synced
+//! once for all of them (`syncfs`); the batch is indexed only then. At startup every
+//! `.rec` is read back and checked: a torn or corrupt file (a crash cut its write
+//! short) is deleted (and counted); when two files hold the same key the newer wins.
+//! Leftover `.tmp` files (of earlier versions, which renamed each file into place)
+//! are deleted.
 //!
 //! # Limits and eviction
 //!
@@ -25,12 +27,12 @@ use std::sync::Arc;
 
 use crate::backend::{
     Eviction, Limits, PreparedBatch, Progress, ReadPlan, RecoveryReport, Room, StorageBackend,
-    StoreError, check_batch, check_record, delete_file, encode_record, foreign_batch, io_error,
-    record_len, sync_dir, write_synced,
+    StoreError, check_batch, check_record, delete_file, foreign_batch, io_error, record_len,
 };
 use crate::config::EvictionPolicy;
 use crate::io::IoEngine;
 use crate::object_index::ObjectIndex;
+use crate::record_writer::{Placement, write_records};
 
 const BLOCK: u64 = 4096;
 
@@ -132,21 +134,34 @@ impl FilePerKeyStore {
     }
 }
 
-/// Writes each `(path, record)` of `files`: temporary name, sync, rename; then syncs
-/// the directories touched.
-fn write_files(io: &IoEngine, files: &[(PathBuf, Vec<u8>)]) -> Result<(), StoreError> {
+/// Writes every object of `objects` into its file of `paths` (write-back started as
+/// each is written), then syncs the filesystem once for all of them and their
+/// directory entries. A file a crash cut short fails its record's check at the next
+/// start and is deleted then; until the batch is committed its files are not indexed.
+fn write_files(
+    io: &IoEngine,
+    root: &Path,
+    paths: &[PathBuf],
+    objects: &[(&str, &[u8])],
+) -> Result<(), StoreError> {
     let mut shards = std::collections::BTreeSet::new();
-    for (path, record) in files {
+    for (path, (key, value)) in paths.iter().zip(objects) {
         if let Some(shard) = path.parent()
             && shards.insert(shard.to_path_buf())
         {
             std::fs::create_dir_all(shard).map_err(io_error("create", shard))?;
         }
-        let tmp = path.with_extension("rec.tmp");
-        write_synced(io, &tmp, record)?;
-        std::fs::rename(&tmp, path).map_err(io_error("rename", &tmp))?;
+        let file = File::create(path).map_err(io_error("create", path))?;
+        let record = Placement {
+            offset: 0,
+            key,
+            value,
+        };
+        write_records(io, &file, &[record]).map_err(io_error("write", path))?;
     }
-    shards.iter().try_for_each(|dir| sync_dir(dir))
+    let root_dir = File::open(root).map_err(io_error("open", root))?;
+    io.sync_filesystem(&root_dir)
+        .map_err(io_error("sync", root))
 }
 
 /// Checks one object file; `Some((key, value length, file length))` when it holds
@@ -206,11 +221,10 @@ impl StorageBackend for FilePerKeyStore {
         }
         let first = self.next_id;
         self.next_id += objects.len() as u64;
-        let mut files = Vec::with_capacity(objects.len());
+        let mut paths = Vec::with_capacity(objects.len());
         let mut entries = Vec::with_capacity(objects.len());
         for (id, (key, value)) in (first..self.next_id).zip(objects) {
-            let record = encode_record(key, value);
-            files.push((self.path(id), record));
+            paths.push(self.path(id));
             entries.push((
                 (*key).to_string(),
                 id,
@@ -218,9 +232,10 @@ impl StorageBackend for FilePerKeyStore {
                 Self::cost(key, value),
             ));
         }
-        let io = Arc::clone(&self.io);
+        let (io, root) = (Arc::clone(&self.io), self.root.clone());
         Ok(PreparedBatch::new(
-            move || write_files(&io, &files),
+            objects,
+            move |objects| write_files(&io, &root, &paths, objects),
             entries,
         ))
     }
@@ -281,6 +296,7 @@ impl StorageBackend for FilePerKeyStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::encode_record;
 
     /// A fresh directory, removed when dropped.
     struct TempDir(PathBuf);

@@ -22,6 +22,7 @@ pub mod io;
 mod object_index;
 pub mod offset_allocator;
 pub mod record;
+mod record_writer;
 
 /// The storage backends the SSD tier offers, by their configuration names.
 pub const BACKENDS: &[&str] = &[

@@ -37,14 +37,14 @@ use std::sync::Arc;
 
 use crate::backend::{
     Eviction, Limits, PreparedBatch, Progress, ReadPlan, RecoveryReport, Room, StorageBackend,
-    StoreError, check_batch, check_record, encode_record, foreign_batch, io_error, open_rw,
-    record_len,
+    StoreError, check_batch, check_record, foreign_batch, io_error, open_rw, record_len,
 };
 use crate::checksum::crc32c;
 use crate::config::EvictionPolicy;
 use crate::io::IoEngine;
 use crate::object_index::{Indexed, ObjectIndex};
 use crate::record::MAX_KEY_LEN;
+use crate::record_writer::{Placement, write_records};
 
 /// Name of the data file.
 pub const DATA_FILE: &str = "kv_cache.data";
@@ -542,11 +542,6 @@ impl StorageBackend for OffsetAllocatorStore {
             .iter()
             .filter_map(|size| self.free.allocate(*size))
             .collect();
-        let records: Vec<(u64, Vec<u8>)> = objects
-            .iter()
-            .zip(&offsets)
-            .map(|((key, value), offset)| (*offset, encode_record(key, value)))
-            .collect();
         let placed: Vec<Placed> = objects
             .iter()
             .zip(offsets.iter().zip(&sizes))
@@ -563,10 +558,19 @@ impl StorageBackend for OffsetAllocatorStore {
             self.data_path(),
         );
         Ok(PreparedBatch::new(
-            move || {
-                let writes: Vec<(u64, &[u8])> =
-                    records.iter().map(|(o, r)| (*o, r.as_slice())).collect();
-                io.write_batch_at(&data, &writes)
+            objects,
+            move |objects| {
+                let mut records: Vec<Placement<'_>> = objects
+                    .iter()
+                    .zip(&offsets)
+                    .map(|((key, value), offset)| Placement {
+                        offset: *offset,
+                        key,
+                        value,
+                    })
+                    .collect();
+                records.sort_unstable_by_key(|record| record.offset);
+                write_records(&io, &data, &records)
                     .and_then(|()| io.sync_data(&data))
                     .map_err(io_error("write", &path))
             },

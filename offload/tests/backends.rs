@@ -1,7 +1,6 @@
 //! One suite, every local-disk backend: round trips, recovery after a reopen, damaged
 //! files found at recovery, limits and eviction order, removal, and reads racing an
-//! eviction. The read paths run with both I/O engines (POSIX, and io_uring with
-//! O_DIRECT reads).
+//! eviction. Writes and reads run with both I/O engines (POSIX, and io_uring).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -407,7 +406,12 @@ fn a_prepared_batch_is_written_without_the_backend_and_a_failed_one_leaves_nothi
         // Between the phases the backend serves reads; the new key is not visible yet.
         assert_eq!(read(store, "old").expect("old"), value(1, 8000));
         assert!(matches!(read(store, "new"), Err(StoreError::NotFound)));
-        let written = batch.write();
+        let other = value(9, 7999);
+        assert!(
+            matches!(batch.write(&[("new", &other)]), Err(StoreError::Invalid(_))),
+            "a batch is written only with the objects it was prepared for"
+        );
+        let written = batch.write(&[("new", &v)]);
         store.commit_batch(batch, written).expect("commit");
         assert_eq!(read(store, "new").expect("new"), v);
         // A batch whose write failed is undone: nothing indexed, its space back.

@@ -33,7 +33,7 @@ pub struct DiskTier {
     staging: StagingPool,
     /// Objects written by the offload loop (see [`DiskTier::offload_counters`]).
     offloaded: AtomicU64,
-    /// In-memory copies of object bytes the offload loop made.
+    /// Objects whose bytes the backend copied into a buffer of its own to write them.
     copies: AtomicU64,
 }
 
@@ -254,8 +254,9 @@ impl DiskTier {
         buckets
     }
 
-    /// Objects this node wrote to its SSD tier, and the in-memory copies of their bytes
-    /// made to write them (one per object: into the backend's record).
+    /// Objects this node wrote to its SSD tier, and the objects whose bytes were copied
+    /// into a buffer of the backend on the way (0 when every backend write goes
+    /// straight from the segment).
     pub fn offload_counters(&self) -> (u64, u64) {
         (
             self.offloaded.load(Ordering::Relaxed),
@@ -265,29 +266,32 @@ impl DiskTier {
 }
 
 impl DiskTier {
-    /// Deletes the victims and writes `objects`: the backend is held to prepare (and
-    /// copy) and to commit the batch, not while its bytes are written, so reads go on
-    /// meanwhile. A batch whose copy finished after `lease_ends` is dropped: its source
-    /// space may hold another object's bytes by then.
+    /// Deletes the victims and writes `objects`: the backend is held to prepare and to
+    /// commit the batch, not while its bytes are written (straight from the segment),
+    /// so reads go on meanwhile. A batch whose write finished after `lease_ends` is
+    /// dropped: its source space may have held another object's bytes by then.
     fn finish_and_write(
         &self,
         eviction: Eviction,
         objects: &[(&str, &[u8])],
         lease_ends: Instant,
     ) -> CodeResult<()> {
-        let mut batch = {
+        let (mut batch, copies) = {
             let mut store = self.store.lock();
             store.finish_eviction(eviction);
-            store.prepare_batch(objects).map_err(|e| logged(&e))?
+            let batch = store.prepare_batch(objects).map_err(|e| logged(&e))?;
+            (batch, store.copies_values())
         };
-        self.copies
-            .fetch_add(objects.len() as u64, Ordering::Relaxed);
-        if Instant::now() >= lease_ends {
-            let late = StoreError::Invalid("the read lease ended during the copy".into());
+        let written = batch.write(objects);
+        if copies {
+            self.copies
+                .fetch_add(objects.len() as u64, Ordering::Relaxed);
+        }
+        if written.is_ok() && Instant::now() >= lease_ends {
+            let late = StoreError::Invalid("the read lease ended during the write".into());
             let _ = self.store.lock().commit_batch(batch, Err(late));
             return Err(ErrorCode::LEASE_EXPIRED);
         }
-        let written = batch.write();
         self.store
             .lock()
             .commit_batch(batch, written)
@@ -393,8 +397,8 @@ mod tests {
         assert!(disk.objects().is_empty(), "nothing stored");
         assert_eq!(
             disk.offload_counters(),
-            (0, 1),
-            "one copy made, no object written"
+            (0, 0),
+            "no object written, and no copy made"
         );
         let eviction = disk.store.lock().make_room(objects).expect("room");
         let lease_ends = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -403,8 +407,8 @@ mod tests {
         assert_eq!(disk.objects(), vec![("k".to_string(), 5)]);
         assert_eq!(
             disk.offload_counters(),
-            (1, 2),
-            "one copy per object written"
+            (1, 0),
+            "written straight from the caller's memory"
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -59,7 +59,7 @@ pub async fn serve(address: SocketAddr, state: Arc<ServerState>) {
                     if let Some(disk) = state.store.disk() {
                         let (objects, copies) = disk.offload_counters();
                         text.push_str(&format!(
-                            "# HELP mooncake_client_offload_objects_total Objects this node wrote to its SSD tier.\n# TYPE mooncake_client_offload_objects_total counter\nmooncake_client_offload_objects_total {objects}\n# HELP mooncake_client_offload_copies_total In-memory copies of object bytes made to write them to the SSD tier (one per object: into the backend's record).\n# TYPE mooncake_client_offload_copies_total counter\nmooncake_client_offload_copies_total {copies}\n"
+                            "# HELP mooncake_client_offload_objects_total Objects this node wrote to its SSD tier.\n# TYPE mooncake_client_offload_objects_total counter\nmooncake_client_offload_objects_total {objects}\n# HELP mooncake_client_offload_copies_total Objects whose bytes were copied into a buffer of the SSD tier's backend to write them (0 when they go straight from the segment).\n# TYPE mooncake_client_offload_copies_total counter\nmooncake_client_offload_copies_total {copies}\n"
                         ));
                     }
                     answer(200, "text/plain; version=0.0.4", text)

@@ -50,12 +50,23 @@ pub fn unique_port() -> u16 {
     }
 }
 
-/// A free TCP port on loopback (bound once to find it, then released).
+/// A free TCP port on loopback (bound once to find it, then released) that this test
+/// process has not handed out before: the kernel may offer a released port again while
+/// the process it was meant for has not bound it yet, and two processes of parallel
+/// tests then fight over one port (an HTTP probe reached another test's RPC port).
 pub fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
 }
 
 /// kill -9 of `child`, if any, and waits until it is gone.

@@ -12,15 +12,15 @@
 
 use std::sync::Arc;
 
-use super::{DkvClient, DkvError, scan_all};
+use super::{DkvClient, DkvError, PutFrom, scan_all};
 use crate::backend::RecordSource;
 use crate::backend::{
     Eviction, Limits, PreparedBatch, Progress, ReadPlan, RecoveryReport, Room, StorageBackend,
-    StoreError, check_batch, encode_record, foreign_batch, record_len,
+    StoreError, check_batch, foreign_batch, record_len,
 };
 use crate::config::EvictionPolicy;
 use crate::object_index::ObjectIndex;
-use crate::record::HEADER_LEN;
+use crate::record::{self, HEADER_LEN};
 
 /// Keys listed per scan call during recovery.
 const SCAN_PAGE: u32 = 1000;
@@ -156,13 +156,7 @@ impl StorageBackend for DkvStore {
         if !self.room().fits(bytes, objects.len() as u64) {
             return Err(self.room().exceeded(bytes));
         }
-        let records: Vec<(Vec<u8>, Vec<u8>)> = objects
-            .iter()
-            .map(|(key, value)| {
-                let record = encode_record(key, value);
-                (self.store_key(key), record)
-            })
-            .collect();
+        let store_keys: Vec<Vec<u8>> = objects.iter().map(|(key, _)| self.store_key(key)).collect();
         let entries: Vec<(String, u64, u64)> = objects
             .iter()
             .map(|(key, value)| {
@@ -175,7 +169,8 @@ impl StorageBackend for DkvStore {
             .collect();
         let client = Arc::clone(&self.client);
         Ok(PreparedBatch::new(
-            move || put_all(client.as_ref(), &records),
+            objects,
+            move |objects| put_all(client.as_ref(), &store_keys, objects),
             entries,
         ))
     }
@@ -193,6 +188,10 @@ impl StorageBackend for DkvStore {
             self.index.insert(key, (), value_len, bytes);
         }
         Ok(())
+    }
+
+    fn copies_values(&self) -> bool {
+        self.client.copies_values()
     }
 
     fn locate(&mut self, key: &str) -> Result<ReadPlan, StoreError> {
@@ -220,14 +219,29 @@ impl StorageBackend for DkvStore {
     }
 }
 
-/// Stores every `(store key, record)`; when some fail, deletes the ones that were
+/// Stores the record of every object under its store key (header and key from a small
+/// buffer, the value from where it is); when some fail, deletes the ones that were
 /// stored (no half-written batch stays behind) and fails.
-fn put_all(client: &dyn DkvClient, records: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StoreError> {
-    let items: Vec<(&[u8], &[u8])> = records
+fn put_all(
+    client: &dyn DkvClient,
+    store_keys: &[Vec<u8>],
+    objects: &[(&str, &[u8])],
+) -> Result<(), StoreError> {
+    let heads: Vec<Vec<u8>> = objects
         .iter()
-        .map(|(k, r)| (k.as_slice(), r.as_slice()))
+        .map(|(key, value)| [&record::header(key.as_bytes(), value)[..], key.as_bytes()].concat())
         .collect();
-    let results = client.batch_put(&items);
+    let items: Vec<PutFrom<'_>> = store_keys
+        .iter()
+        .zip(&heads)
+        .zip(objects)
+        .map(|((key, head), (_, value))| PutFrom {
+            key,
+            head,
+            body: value,
+        })
+        .collect();
+    let results = client.batch_put_from(&items);
     let failure = results.iter().find_map(|r| r.as_ref().err()).cloned();
     let Some(error) = failure else {
         return Ok(());
@@ -236,7 +250,7 @@ fn put_all(client: &dyn DkvClient, records: &[(Vec<u8>, Vec<u8>)]) -> Result<(),
         .iter()
         .zip(&results)
         .filter(|(_, r)| r.is_ok())
-        .map(|((k, _), _)| *k)
+        .map(|(item, _)| item.key)
         .collect();
     if !stored.is_empty() {
         let _ = client.batch_delete(&stored);
@@ -277,6 +291,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::backend::encode_record;
     use crate::dkv::scripted::{ScriptedKey, ScriptedStore};
 
     const PREFIX: &str = "ns/node/";

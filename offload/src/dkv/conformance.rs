@@ -1,12 +1,13 @@
 //! The conformance suite every [`DkvClient`] passes: per-key results, reads into the
-//! caller's buffers (whole or split), overwrite, delete, a complete paged scan
+//! caller's buffers (whole or split), values given in two parts and large batches of
+//! them, overwrite, delete, a complete paged scan
 //! ([`check`]) and several threads at once ([`check_shared`]). What a store's capacity
 //! means differs between stores, so each client's own tests cover it.
 //! The crate's tests run it against the Redis client and the C plugin interface; a
 //! vendor runs it against a new plugin the same way. It panics at the first broken
 //! promise, naming it.
 
-use super::{DkvClient, DkvError, GetInto, scan_all};
+use super::{DkvClient, DkvError, GetInto, PutFrom, scan_all};
 
 /// `len` bytes that differ per `seed` and position.
 pub fn value(seed: u8, len: usize) -> Vec<u8> {
@@ -23,6 +24,7 @@ pub fn value(seed: u8, len: usize) -> Vec<u8> {
 pub fn check(client: &dyn DkvClient, ns: &str) {
     let key = |name: &str| format!("{ns}/{name}").into_bytes();
     round_trips(client, &key);
+    puts_from_parts(client, &key);
     scans(client, &key);
     assert!(
         scan_all(client, &key(""), 64).expect("scan").is_empty(),
@@ -107,6 +109,69 @@ fn round_trips(client: &dyn DkvClient, key: &dyn Fn(&str) -> Vec<u8>) {
     assert_eq!(dest, va2);
     assert_eq!(client.batch_delete(&[&a, &b, &missing]), vec![Ok(()); 3]);
     assert_eq!(client.batch_exists(&[&a, &b]), vec![Ok(false), Ok(false)]);
+}
+
+/// Values given as a head and a body are stored as one value: a batch of 40 MiB (which
+/// a client may spread over connections) with invalid items among the valid ones,
+/// read back in one batch, whole and split.
+fn puts_from_parts(client: &dyn DkvClient, key: &dyn Fn(&str) -> Vec<u8>) {
+    let names: Vec<Vec<u8>> = (0..40).map(|i| key(&format!("parts/{i}"))).collect();
+    let heads: Vec<Vec<u8>> = (0..40u8)
+        .map(|i| value(i, usize::from(i % 3) * 20))
+        .collect();
+    let bodies: Vec<Vec<u8>> = (0..40u8)
+        .map(|i| value(i.wrapping_add(100), (1 << 20) + usize::from(i)))
+        .collect();
+    let mut items: Vec<PutFrom<'_>> = names
+        .iter()
+        .zip(heads.iter().zip(&bodies))
+        .map(|(key, (head, body))| PutFrom { key, head, body })
+        .collect();
+    items.insert(
+        7,
+        PutFrom {
+            key: b"",
+            head: b"h",
+            body: b"b",
+        },
+    );
+    items.insert(
+        30,
+        PutFrom {
+            key: &names[0][..],
+            head: b"",
+            body: b"",
+        },
+    );
+    let put = client.batch_put_from(&items);
+    assert_eq!(put.len(), 42);
+    assert!(matches!(put[7], Err(DkvError::Invalid(_))), "empty key");
+    assert!(matches!(put[30], Err(DkvError::Invalid(_))), "empty value");
+    assert!(
+        put.iter()
+            .enumerate()
+            .all(|(at, result)| at == 7 || at == 30 || result.is_ok()),
+        "{put:?}"
+    );
+    let mut dests: Vec<Vec<u8>> = bodies.iter().map(|b| vec![0u8; b.len() + 60]).collect();
+    let mut gets: Vec<GetInto<'_>> = names
+        .iter()
+        .zip(dests.iter_mut())
+        .map(|(key, dest)| GetInto::new(key, dest))
+        .collect();
+    let got = client.batch_get(&mut gets);
+    for (i, result) in got.iter().enumerate() {
+        let whole = [&heads[i][..], &bodies[i][..]].concat();
+        assert_eq!(*result, Ok(whole.len() as u64), "value {i}");
+        assert!(dests[i][..whole.len()] == whole[..], "value {i} read back");
+    }
+    let (mut head, mut body) = (vec![0u8; 24], vec![0u8; (1 << 20) + 16]);
+    let got = client.batch_get(&mut [GetInto::split(&names[1], &mut head, &mut body)]);
+    let whole = [&heads[1][..], &bodies[1][..]].concat();
+    assert_eq!(got, vec![Ok(whole.len() as u64)]);
+    assert!(head[..] == whole[..24] && body[..whole.len() - 24] == whole[24..]);
+    let keys: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
+    assert!(client.batch_delete(&keys).iter().all(Result::is_ok));
 }
 
 /// Paged scans list every key under a prefix, whatever the page size.

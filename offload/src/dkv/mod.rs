@@ -93,6 +93,19 @@ impl<'a> GetInto<'a> {
     }
 }
 
+/// One key of a [`DkvClient::batch_put_from`] and its value, given in two parts stored
+/// one after the other (a record's header and the object's bytes), so that nothing is
+/// assembled before the client sends it.
+#[derive(Debug, Clone, Copy)]
+pub struct PutFrom<'a> {
+    /// The key to write.
+    pub key: &'a [u8],
+    /// The value's first bytes (may be empty).
+    pub head: &'a [u8],
+    /// The value's remaining bytes.
+    pub body: &'a [u8],
+}
+
 /// One page of a [`DkvClient::scan`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScanPage {
@@ -110,6 +123,19 @@ pub trait DkvClient: Send + Sync + std::fmt::Debug {
     /// Stores every `(key, value)`; one result per item.
     fn batch_put(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), DkvError>>;
 
+    /// Stores every item, its value being `head` then `body`; one result per item.
+    /// The default assembles each value in a buffer of its own and calls
+    /// [`batch_put`](Self::batch_put).
+    fn batch_put_from(&self, items: &[PutFrom<'_>]) -> Vec<Result<(), DkvError>> {
+        put_assembled(self, items)
+    }
+
+    /// Whether [`batch_put_from`](Self::batch_put_from) copies each value into a
+    /// buffer of its own before sending it (the default does).
+    fn copies_values(&self) -> bool {
+        true
+    }
+
     /// Reads every key into its destination; one result per item: the value's length.
     fn batch_get(&self, items: &mut [GetInto<'_>]) -> Vec<Result<u64, DkvError>>;
 
@@ -126,6 +152,24 @@ pub trait DkvClient: Send + Sync + std::fmt::Debug {
 
     /// Bytes the store can hold for this client, when it can tell.
     fn capacity(&self) -> Option<u64>;
+}
+
+/// [`DkvClient::batch_put_from`] through [`DkvClient::batch_put`]: each value
+/// assembled in a buffer of its own first.
+pub fn put_assembled(
+    client: &(impl DkvClient + ?Sized),
+    items: &[PutFrom<'_>],
+) -> Vec<Result<(), DkvError>> {
+    let values: Vec<Vec<u8>> = items
+        .iter()
+        .map(|item| [item.head, item.body].concat())
+        .collect();
+    let pairs: Vec<(&[u8], &[u8])> = items
+        .iter()
+        .zip(&values)
+        .map(|(item, value)| (item.key, value.as_slice()))
+        .collect();
+    client.batch_put(&pairs)
 }
 
 /// Listings [`scan_all`] starts before it gives up.

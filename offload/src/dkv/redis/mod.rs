@@ -1,19 +1,22 @@
 //! A Redis or Valkey store, standalone or cluster, as a [`DkvClient`]
 //! (`MOONCAKE_OFFLOAD_DKV_CLIENT=redis`).
 //!
-//! The client runs on its own one-thread tokio runtime, so the SSD tier calls it from
-//! any thread. A batch goes out as pipelines of about 1 MiB, one after the other (Redis
-//! handles huge pipelines of large values badly): to a single server as one pipeline,
-//! to a cluster as requests to each key's node, all in flight at once
-//! ([`connection`]). The
-//! connection to a single server is a `ConnectionManager`: after the server went away
-//! calls fail fast and the next call reconnects, so offloading resumes by itself when
-//! the store returns. Values are stored as they are given (the SSD tier's records carry
-//! magic, lengths and a checksum); reads are copied once, from the reply into the
-//! caller's buffers.
+//! Values move over direct connections when the store is a single server reached over
+//! plain TCP ([`direct`]): `SET`s of a batch written from the caller's memory with
+//! gathered writes, spread over up to four connections for large batches, and `GET`
+//! replies read straight into the caller's buffers. Everything else (listing, deleting,
+//! existence, capacity; clusters, TLS and Unix sockets entirely) goes through the
+//! `redis` crate's client on its own one-thread tokio runtime, so the SSD tier calls it
+//! from any thread: pipelines of about 1 MiB, to a cluster as requests to each key's
+//! node, all in flight at once ([`connection`]). The connection to a single server is
+//! a `ConnectionManager`: after the server went away calls fail fast and the next call
+//! reconnects, so offloading resumes by itself when the store returns (direct
+//! connections reconnect the same way). Values are stored as they are given (the SSD
+//! tier's records carry magic, lengths and a checksum).
 
 mod address;
 mod connection;
+mod direct;
 
 use std::future::Future;
 use std::path::Path;
@@ -24,8 +27,11 @@ pub use address::{Address, CA_VARIABLE, SetupError, URL_VARIABLE, hide_password}
 use connection::{Connection, connect};
 #[cfg(any(test, feature = "test-utils"))]
 pub use connection::{Primary, read_reply};
+#[cfg(any(test, feature = "test-utils"))]
+pub use direct::read_replies;
+use direct::{DirectPool, Target};
 
-use super::{DkvClient, DkvError, GetInto, ScanPage};
+use super::{DkvClient, DkvError, GetInto, PutFrom, ScanPage};
 
 /// Largest value Redis accepts with its default `proto-max-bulk-len`.
 const MAX_VALUE_LEN: usize = 512 << 20;
@@ -41,6 +47,9 @@ pub struct RedisClient {
     /// Runs the connection's I/O; `None` only while dropping.
     runtime: Option<tokio::runtime::Runtime>,
     connection: Connection,
+    /// Direct connections for `SET`s and `GET`s of values, to a single server over
+    /// plain TCP ([`direct`]); `None` for clusters, TLS and Unix sockets.
+    direct: Option<DirectPool>,
     shown: String,
     capacity: Option<u64>,
 }
@@ -74,6 +83,7 @@ impl RedisClient {
             .enable_time()
             .build()?;
         let shown = address.shown.clone();
+        let direct_target = direct_target(&address);
         let unreachable = |reason: String| SetupError::Unreachable {
             shown: shown.clone(),
             reason,
@@ -81,9 +91,14 @@ impl RedisClient {
         let (connection, capacity) = run_on(&runtime, connect(address, certificates))
             .ok_or_else(|| unreachable("the client's I/O thread stopped".into()))?
             .map_err(|e| unreachable(e.to_string()))?;
+        let direct = match connection {
+            Connection::Single(_) => direct_target.map(DirectPool::new),
+            Connection::Cluster(_) => None,
+        };
         Ok(RedisClient {
             runtime: Some(runtime),
             connection,
+            direct,
             shown,
             capacity,
         })
@@ -149,6 +164,25 @@ fn run_on<T: Send + 'static>(
     output.recv().ok()
 }
 
+/// Where direct connections go: the one node of `address` when it is reached over
+/// plain TCP.
+fn direct_target(address: &Address) -> Option<Target> {
+    let [node] = address.nodes.as_slice() else {
+        return None;
+    };
+    let redis::ConnectionAddr::Tcp(host, port) = node.addr() else {
+        return None;
+    };
+    let settings = node.redis_settings();
+    Some(Target {
+        host: host.clone(),
+        port: *port,
+        username: settings.username().map(str::to_string),
+        password: settings.password().map(str::to_string),
+        db: settings.db(),
+    })
+}
+
 /// The CA certificates of `path`, checked to be PEM certificates.
 fn read_ca_file(path: &Path) -> Result<redis::TlsCertificates, SetupError> {
     use rustls::pki_types::CertificateDer;
@@ -201,6 +235,34 @@ fn check_key(key: &[u8]) -> Result<(), DkvError> {
         )));
     }
     Ok(())
+}
+
+/// A value's length must be 1 to [`MAX_VALUE_LEN`] bytes.
+fn check_value_len(len: usize) -> Result<(), DkvError> {
+    if len == 0 || len > MAX_VALUE_LEN {
+        return Err(DkvError::Invalid(format!(
+            "value of {len} bytes (1 to {MAX_VALUE_LEN})"
+        )));
+    }
+    Ok(())
+}
+
+/// Each item's result: its failed check, or the next of `answers` (those of the
+/// items that passed, in order).
+fn merge<T>(
+    checks: Vec<Result<(), DkvError>>,
+    answers: Vec<Result<T, DkvError>>,
+) -> Vec<Result<T, DkvError>> {
+    let mut answers = answers.into_iter();
+    checks
+        .into_iter()
+        .map(|check| match check {
+            Ok(()) => answers
+                .next()
+                .unwrap_or_else(|| Err(DkvError::Store("no reply".into()))),
+            Err(error) => Err(error),
+        })
+        .collect()
 }
 
 /// Sends the commands of the valid items, keeping each invalid item's error; `finish`
@@ -281,14 +343,20 @@ impl DkvClient for RedisClient {
     }
 
     fn batch_put(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), DkvError>> {
+        if self.direct.is_some() {
+            let items: Vec<PutFrom<'_>> = items
+                .iter()
+                .map(|(key, value)| PutFrom {
+                    key,
+                    head: &[],
+                    body: value,
+                })
+                .collect();
+            return self.batch_put_from(&items);
+        }
         let checked = items.iter().map(|(key, value)| {
             check_key(key)?;
-            if value.is_empty() || value.len() > MAX_VALUE_LEN {
-                return Err(DkvError::Invalid(format!(
-                    "value of {} bytes (1 to {MAX_VALUE_LEN})",
-                    value.len()
-                )));
-            }
+            check_value_len(value.len())?;
             let mut set = redis::cmd("SET");
             set.arg(*key).arg(*value);
             Ok(weighed(set))
@@ -299,7 +367,43 @@ impl DkvClient for RedisClient {
         })
     }
 
+    fn batch_put_from(&self, items: &[PutFrom<'_>]) -> Vec<Result<(), DkvError>> {
+        let Some(direct) = &self.direct else {
+            return super::put_assembled(self, items);
+        };
+        let checks: Vec<Result<(), DkvError>> = items
+            .iter()
+            .map(|item| {
+                check_key(item.key)?;
+                check_value_len(item.head.len() + item.body.len())
+            })
+            .collect();
+        let valid: Vec<PutFrom<'_>> = items
+            .iter()
+            .zip(&checks)
+            .filter(|(_, check)| check.is_ok())
+            .map(|(item, _)| *item)
+            .collect();
+        merge(checks, direct.put(&valid))
+    }
+
+    fn copies_values(&self) -> bool {
+        self.direct.is_none()
+    }
+
     fn batch_get(&self, items: &mut [GetInto<'_>]) -> Vec<Result<u64, DkvError>> {
+        if let Some(direct) = &self.direct {
+            let checks: Vec<Result<(), DkvError>> =
+                items.iter().map(|item| check_key(item.key)).collect();
+            let mut valid: Vec<GetInto<'_>> = items
+                .iter_mut()
+                .zip(&checks)
+                .filter(|(_, check)| check.is_ok())
+                .map(|(item, _)| GetInto::split(item.key, &mut *item.head, &mut *item.body))
+                .collect();
+            let answers = direct.get(&mut valid);
+            return merge(checks, answers);
+        }
         // Weighed by the reply expected, so large values come in pipelines of
         // about PIPELINE_BYTES as well.
         let checked: Vec<Result<(Cmd, usize), DkvError>> = items
