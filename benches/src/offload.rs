@@ -1,5 +1,6 @@
 //! The SSD tier's storage backends next to the raw disk of this machine, in one run:
-//! sequential write (with `fdatasync`) and read of a plain file, random 64 KiB reads,
+//! sequential write (with `fdatasync`) and reads (1 MiB and 64 KiB) of a plain file,
+//! random 64 KiB reads,
 //! and each backend writing and reading back 64 KiB and 1 MiB objects. Page-cache
 //! copies are dropped (`posix_fadvise(DONTNEED)`) before every read pass, so reads come
 //! from the device.
@@ -56,8 +57,34 @@ fn pattern(len: usize, seed: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Sequential write, sequential read and random 64 KiB reads of one plain file.
-fn raw_disk(dir: &Path) -> (f64, f64, f64) {
+/// What [`raw_disk`] measured, in GB/s.
+struct Raw {
+    /// Sequential write of 1 MiB blocks, then `fdatasync`.
+    write: f64,
+    /// Sequential reads of 1 MiB (cold).
+    read: f64,
+    /// Sequential reads of 64 KiB (cold).
+    read_small: f64,
+    /// Random reads of 64 KiB (cold).
+    random: f64,
+}
+
+/// Reads `path` (cold) in `block`-byte reads from start to end; GB/s.
+fn sequential_read(path: &Path, block: usize) -> f64 {
+    drop_cache(path);
+    let file = File::open(path).expect("open");
+    let mut buffer = vec![0u8; block];
+    let started = Instant::now();
+    for i in 0..(TOTAL / block) as u64 {
+        file.read_exact_at(&mut buffer, i * block as u64)
+            .expect("read");
+    }
+    gbps(TOTAL, started.elapsed().as_secs_f64())
+}
+
+/// Sequential write, sequential reads (1 MiB and 64 KiB) and random 64 KiB reads of
+/// one plain file.
+fn raw_disk(dir: &Path) -> Raw {
     let path = dir.join("raw.bin");
     let block = pattern(1 << 20, 1);
     let started = Instant::now();
@@ -68,15 +95,10 @@ fn raw_disk(dir: &Path) -> (f64, f64, f64) {
     file.sync_data().expect("sync");
     let write = gbps(TOTAL, started.elapsed().as_secs_f64());
     drop(file);
+    let read = sequential_read(&path, 1 << 20);
+    let read_small = sequential_read(&path, 64 << 10);
     drop_cache(&path);
     let file = File::open(&path).expect("open");
-    let mut buffer = vec![0u8; 1 << 20];
-    let started = Instant::now();
-    for i in 0..(TOTAL >> 20) as u64 {
-        file.read_exact_at(&mut buffer, i << 20).expect("read");
-    }
-    let read = gbps(TOTAL, started.elapsed().as_secs_f64());
-    drop_cache(&path);
     let mut small = vec![0u8; 64 << 10];
     let reads = 2048usize;
     let mut offset = 0x9e37_79b9u64;
@@ -90,7 +112,12 @@ fn raw_disk(dir: &Path) -> (f64, f64, f64) {
     }
     let random = gbps(reads * (64 << 10), started.elapsed().as_secs_f64());
     let _ = std::fs::remove_file(&path);
-    (write, read, random)
+    Raw {
+        write,
+        read,
+        read_small,
+        random,
+    }
 }
 
 /// Writes `TOTAL` bytes of `size`-byte objects through backend `kind`, then reads them
@@ -217,13 +244,15 @@ const CASES: [(BackendKind, &str, bool); 5] = [
 
 /// Runs the section `repeats` times and prints medians: each backend right after a
 /// raw measurement of the same disk, and its ratio to that raw figure (writes to the
-/// sequential write, reads to the sequential read).
+/// sequential write of 1 MiB blocks, reads to the sequential read in blocks of the
+/// objects' size).
 pub fn run(repeats: usize) {
     let dir = bench_dir();
     let repeats = repeats.max(1);
     let mut raw_rows: Vec<Row> = [
         "raw file: sequential write 1 MiB + fdatasync",
         "raw file: sequential read 1 MiB (cold)",
+        "raw file: sequential read 64 KiB (cold)",
         "raw file: random read 64 KiB (cold)",
     ]
     .into_iter()
@@ -241,13 +270,19 @@ pub fn run(repeats: usize) {
     for _ in 0..repeats {
         let mut row = rows.iter_mut();
         for (kind, _, uring) in CASES {
-            let (write, read, random) = raw_disk(&dir);
-            for (raw_row, value) in raw_rows.iter_mut().zip([write, read, random]) {
+            let raw = raw_disk(&dir);
+            let figures = [raw.write, raw.read, raw.read_small, raw.random];
+            for (raw_row, value) in raw_rows.iter_mut().zip(figures) {
                 raw_row.values.push(value);
             }
             for size in [64 << 10, 1 << 20] {
                 let (w, r) = store(&dir, kind, size, uring);
-                for (value, raw) in [(w, write), (r, read)] {
+                let read = if size < 1 << 20 {
+                    raw.read_small
+                } else {
+                    raw.read
+                };
+                for (value, raw) in [(w, raw.write), (r, read)] {
                     if let Some(row) = row.next() {
                         row.values.push(value);
                         row.raw.push(raw);
@@ -258,7 +293,7 @@ pub fn run(repeats: usize) {
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "\n## SSD tier ({} MiB per measurement, median of {repeats}, in {})\n\nEach backend is measured right after a raw write and read of the same disk; the ratio is the median of the per-round ratios to those (writes to the sequential write, reads to the sequential read).\n\n| measurement | GB/s | of raw |\n|---|---|---|",
+        "\n## SSD tier ({} MiB per measurement, median of {repeats}, in {})\n\nEach backend is measured right after a raw write and read of the same disk; the ratio is the median of the per-round ratios to those (writes to the sequential write of 1 MiB blocks, reads to the sequential read in blocks of the objects' size).\n\n| measurement | GB/s | of raw |\n|---|---|---|",
         TOTAL >> 20,
         dir.parent()
             .map_or_else(String::new, |p| p.display().to_string())

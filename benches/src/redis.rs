@@ -63,17 +63,42 @@ fn backend(port: u16, size: usize, round: usize) -> Result<(f64, f64), String> {
     measured
 }
 
-/// One `redis-benchmark` run of `tests` with `size`-byte values, `clients` connections
-/// pipelining `pipeline` requests (and `-r`, keys drawn from `keys`, when given):
-/// the requests per second of each test, in order.
-fn redis_benchmark_run(
-    port: u16,
-    tests: &[&str],
+/// One `redis-benchmark` load: `tests` with `size`-byte values, `clients` connections
+/// pipelining `pipeline` requests (and `-r`, keys drawn from `keys`, when given).
+#[derive(Clone, Copy)]
+struct Load<'a> {
+    tests: &'a [&'a str],
     size: usize,
     clients: u32,
     pipeline: u32,
     keys: Option<u64>,
-) -> Result<Vec<f64>, String> {
+}
+
+/// [`redis_benchmark_once`], tried up to three times: now and then a run prints no
+/// result.
+fn redis_benchmark_run(port: u16, load: Load<'_>) -> Result<Vec<f64>, String> {
+    let mut attempt = 1;
+    loop {
+        match redis_benchmark_once(port, load) {
+            Err(error) if attempt < 3 => {
+                eprintln!("redis-benchmark, attempt {attempt}: {error}");
+                attempt += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// One `redis-benchmark` run of `load`: the requests per second of each test, in
+/// order.
+fn redis_benchmark_once(port: u16, load: Load<'_>) -> Result<Vec<f64>, String> {
+    let Load {
+        tests,
+        size,
+        clients,
+        pipeline,
+        keys,
+    } = load;
     let requests = (TOTAL / size).max(1000);
     let mut command = Command::new("redis-benchmark");
     command
@@ -120,9 +145,23 @@ fn redis_benchmark(
     pipeline: u32,
 ) -> Result<(f64, f64), String> {
     let gbps = |rate: f64| rate * size as f64 / 1e9;
-    let set = redis_benchmark_run(port, &["SET"], size, clients, pipeline, Some(100_000_000))?;
+    let load = Load {
+        tests: &["SET"],
+        size,
+        clients,
+        pipeline,
+        keys: Some(100_000_000),
+    };
+    let set = redis_benchmark_run(port, load)?;
     flush(port)?;
-    let get = redis_benchmark_run(port, &["SET", "GET"], size, clients, pipeline, None)?;
+    let get = redis_benchmark_run(
+        port,
+        Load {
+            tests: &["SET", "GET"],
+            keys: None,
+            ..load
+        },
+    )?;
     flush(port)?;
     Ok((gbps(set[0]), gbps(get[1])))
 }

@@ -296,6 +296,8 @@ enum Source {
         /// Keeps the one-file backend from reusing the extent while the plan lives.
         #[expect(dead_code, reason = "held for its reference count, never read")]
         pin: Option<Arc<()>>,
+        /// The file, already open (else it is opened by path for the read).
+        open: Option<Arc<File>>,
     },
     /// Under `store_key` in a store outside this machine (see [`RecordSource`]).
     Store {
@@ -323,8 +325,18 @@ impl ReadPlan {
                 offset,
                 io,
                 pin,
+                open: None,
             },
         }
+    }
+
+    /// The same plan reading through `file`, the record's file already open (no
+    /// `open` per read).
+    pub(crate) fn through(mut self, file: Arc<File>) -> Self {
+        if let Source::File { open, .. } = &mut self.source {
+            *open = Some(file);
+        }
+        self
     }
 
     /// The record of `key` stored under `store_key` in `source`.
@@ -363,21 +375,32 @@ impl ReadPlan {
             });
         }
         let value = &mut dest[..usize::try_from(need).unwrap_or(usize::MAX)];
-        let (path, offset, io) = match &self.source {
+        let (path, offset, io, open) = match &self.source {
             Source::File {
-                path, offset, io, ..
-            } => (path, *offset, io),
+                path,
+                offset,
+                io,
+                open,
+                ..
+            } => (path, *offset, io, open),
             Source::Store { source, store_key } => {
                 return self.read_from_store(source.as_ref(), store_key, value);
             }
         };
-        let file = File::open(path).map_err(|_| StoreError::NotFound)?;
+        let opened;
+        let file = match open {
+            Some(file) => file.as_ref(),
+            None => {
+                opened = File::open(path).map_err(|_| StoreError::NotFound)?;
+                &opened
+            }
+        };
         let mut head = vec![0u8; HEADER_LEN + self.key.len()];
         let mut parts = [IoSliceMut::new(&mut head), IoSliceMut::new(value)];
-        io.read_gathered(&file, &mut parts, offset)
+        io.read_gathered(file, &mut parts, offset)
             .map_err(|error| read_failed(path, error))?;
         match self.check(&head, value) {
-            Err(StoreError::Corrupt(_)) => self.recheck(&file, offset, io, value),
+            Err(StoreError::Corrupt(_)) => self.recheck(file, offset, io, value),
             checked => checked,
         }
     }

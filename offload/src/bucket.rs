@@ -76,7 +76,13 @@ pub struct BucketStore {
     used: u64,
     reads: u64,
     io: Arc<IoEngine>,
+    /// Data files of the buckets read last, kept open for the next reads (at most
+    /// [`OPEN_BUCKETS`]; closed when their bucket is deleted).
+    open_files: HashMap<u64, Arc<File>>,
 }
+
+/// Bucket data files kept open for reads.
+const OPEN_BUCKETS: usize = 64;
 
 const META_MAGIC: [u8; 4] = *b"MCBM";
 const META_VERSION: u32 = 1;
@@ -109,6 +115,7 @@ impl BucketStore {
             used: 0,
             reads: 0,
             io,
+            open_files: HashMap::new(),
         };
         let report = store.recover()?;
         Ok((store, report))
@@ -204,7 +211,24 @@ impl BucketStore {
         }
     }
 
-    fn delete_files(&self, id: u64) {
+    /// Bucket `id`'s data file, open (kept for the next reads); `None` when it cannot
+    /// be opened (the read then opens it by path and reports what it finds).
+    fn open_file(&mut self, id: u64) -> Option<Arc<File>> {
+        if let Some(file) = self.open_files.get(&id) {
+            return Some(Arc::clone(file));
+        }
+        let file = Arc::new(File::open(self.data_path(id)).ok()?);
+        if self.open_files.len() >= OPEN_BUCKETS
+            && let Some(oldest) = self.open_files.keys().min().copied()
+        {
+            self.open_files.remove(&oldest);
+        }
+        self.open_files.insert(id, Arc::clone(&file));
+        Some(file)
+    }
+
+    fn delete_files(&mut self, id: u64) {
+        self.open_files.remove(&id);
         delete_file(&self.meta_path(id));
         delete_file(&self.data_path(id));
     }
@@ -323,14 +347,18 @@ impl StorageBackend for BucketStore {
         if let Some(bucket) = self.buckets.get_mut(&location.bucket) {
             bucket.last_read = self.reads;
         }
-        Ok(ReadPlan::in_file(
+        let plan = ReadPlan::in_file(
             self.data_path(location.bucket),
             location.offset,
             key,
             location.value_len,
             Arc::clone(&self.io),
             None,
-        ))
+        );
+        Ok(match self.open_file(location.bucket) {
+            Some(file) => plan.through(file),
+            None => plan,
+        })
     }
 
     /// Drops `key`; a bucket left without live keys is deleted.
