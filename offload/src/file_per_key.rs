@@ -28,6 +28,7 @@ use std::sync::Arc;
 use crate::backend::{
     Eviction, Limits, PreparedBatch, Progress, ReadPlan, RecoveryReport, Room, StorageBackend,
     StoreError, check_batch, check_record, delete_file, foreign_batch, io_error, record_len,
+    sync_dir,
 };
 use crate::config::EvictionPolicy;
 use crate::io::IoEngine;
@@ -35,6 +36,9 @@ use crate::object_index::ObjectIndex;
 use crate::record_writer::{Placement, write_records};
 
 const BLOCK: u64 = 4096;
+
+/// Shard directories, named by the file id modulo this.
+const SHARDS: u64 = 256;
 
 /// The file-per-key store in one directory.
 #[derive(Debug)]
@@ -47,7 +51,8 @@ pub struct FilePerKeyStore {
 }
 
 impl FilePerKeyStore {
-    /// Opens the store with its files under `root` (created when missing).
+    /// Opens the store with its files under `root` (created when missing, with its 256
+    /// shard directories, so that writes only create files).
     pub fn open_in(
         root: &Path,
         limits: Limits,
@@ -62,11 +67,16 @@ impl FilePerKeyStore {
             io,
         };
         let report = store.recover()?;
+        for shard in 0..SHARDS {
+            let dir = store.shard(shard);
+            std::fs::create_dir_all(&dir).map_err(io_error("create", &dir))?;
+        }
+        sync_dir(root)?;
         Ok((store, report))
     }
 
     fn shard(&self, id: u64) -> PathBuf {
-        self.root.join(format!("{:02x}", id % 256))
+        self.root.join(format!("{:02x}", id % SHARDS))
     }
 
     fn path(&self, id: u64) -> PathBuf {
@@ -144,14 +154,8 @@ fn write_files(
     paths: &[PathBuf],
     objects: &[(&str, &[u8])],
 ) -> Result<(), StoreError> {
-    let mut shards = std::collections::BTreeSet::new();
     for (path, (key, value)) in paths.iter().zip(objects) {
-        if let Some(shard) = path.parent()
-            && shards.insert(shard.to_path_buf())
-        {
-            std::fs::create_dir_all(shard).map_err(io_error("create", shard))?;
-        }
-        let file = File::create(path).map_err(io_error("create", path))?;
+        let file = create_file(path)?;
         let record = Placement {
             offset: 0,
             key,
@@ -162,6 +166,20 @@ fn write_files(
     let root_dir = File::open(root).map_err(io_error("open", root))?;
     io.sync_filesystem(&root_dir)
         .map_err(io_error("sync", root))
+}
+
+/// Creates the file at `path`, and its shard directory when it went missing (the store
+/// creates them all when it opens).
+fn create_file(path: &Path) -> Result<File, StoreError> {
+    match File::create(path) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(shard) = path.parent() {
+                std::fs::create_dir_all(shard).map_err(io_error("create", shard))?;
+            }
+            File::create(path).map_err(io_error("create", path))
+        }
+        created => created.map_err(io_error("create", path)),
+    }
 }
 
 /// Checks one object file; `Some((key, value length, file length))` when it holds
@@ -344,5 +362,37 @@ mod tests {
             &dest[..usize::try_from(len).expect("small")],
             b"intact value"
         );
+    }
+
+    #[test]
+    fn shard_directories_are_made_at_open_and_again_when_one_went_missing() {
+        let dir = TempDir(
+            std::env::temp_dir().join(format!("mooncake-fpk-shards-{}", std::process::id())),
+        );
+        let _ = std::fs::remove_dir_all(&dir.0);
+        let (mut store, _) = FilePerKeyStore::open_in(
+            &dir.0,
+            Limits::bytes(1 << 30),
+            EvictionPolicy::Fifo,
+            Arc::new(IoEngine::Posix),
+        )
+        .expect("the store opens");
+        let shards = std::fs::read_dir(&dir.0).expect("list").count();
+        assert_eq!(shards, 256, "every shard directory exists after open");
+        std::fs::remove_dir_all(dir.0.join("01")).expect("remove a shard");
+        let objects: Vec<(String, Vec<u8>)> =
+            (0..3).map(|i| (format!("k{i}"), vec![i; 100])).collect();
+        let batch: Vec<(&str, &[u8])> = objects
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        store
+            .write_batch(&batch)
+            .expect("written, the shard made again");
+        for (key, value) in &objects {
+            let mut dest = vec![0u8; 100];
+            store.read_into(key, &mut dest).expect("read");
+            assert_eq!(&dest, value);
+        }
     }
 }
