@@ -400,7 +400,7 @@ impl ReadPlan {
         io.read_gathered(file, &mut parts, offset)
             .map_err(|error| read_failed(path, error))?;
         match self.check(&head, value) {
-            Err(StoreError::Corrupt(_)) => self.recheck(file, offset, io, value),
+            Err(StoreError::Corrupt(_)) => self.recheck(file, path, offset, io, value),
             checked => checked,
         }
     }
@@ -411,22 +411,14 @@ impl ReadPlan {
     fn recheck(
         &self,
         file: &File,
+        path: &Path,
         offset: u64,
         io: &IoEngine,
         value: &mut [u8],
     ) -> Result<u64, StoreError> {
         let mut record = vec![0u8; HEADER_LEN + self.key.len() + value.len()];
         io.read_gathered(file, &mut [IoSliceMut::new(&mut record)], offset)
-            .map_err(|error| match error.kind() {
-                std::io::ErrorKind::UnexpectedEof => {
-                    StoreError::Corrupt(record::RecordError::Truncated)
-                }
-                _ => StoreError::Io {
-                    op: "read",
-                    path: PathBuf::new(),
-                    source: error,
-                },
-            })?;
+            .map_err(|error| read_failed(path, error))?;
         let (head, body) = record.split_at(HEADER_LEN + self.key.len());
         self.check(head, body)?;
         value.copy_from_slice(body);
