@@ -1,7 +1,10 @@
 //! The SSD tier's storage backends next to the raw disk of this machine, in one run:
 //! sequential write (with `fdatasync`) and reads (1 MiB and 64 KiB) of a plain file,
 //! random 64 KiB reads,
-//! and each backend writing and reading back 64 KiB and 1 MiB objects. Page-cache
+//! and each backend writing and reading back 64 KiB and 1 MiB objects. Each backend
+//! write is compared with the faster of raw writes just before and just after it, each
+//! backend read likewise with raw reads: this disk's speed drifts by several times
+//! within minutes. Page-cache
 //! copies are dropped (`posix_fadvise(DONTNEED)`) before every read pass, so reads come
 //! from the device.
 
@@ -57,16 +60,16 @@ fn pattern(len: usize, seed: usize) -> Vec<u8> {
         .collect()
 }
 
-/// What [`raw_disk`] measured, in GB/s.
-struct Raw {
-    /// Sequential write of 1 MiB blocks, then `fdatasync`.
-    write: f64,
-    /// Sequential reads of 1 MiB (cold).
-    read: f64,
-    /// Sequential reads of 64 KiB (cold).
-    read_small: f64,
-    /// Random reads of 64 KiB (cold).
-    random: f64,
+/// Writes `TOTAL` bytes to `path` in 1 MiB blocks, then `fdatasync`: GB/s.
+fn raw_write(path: &Path) -> f64 {
+    let block = pattern(1 << 20, 1);
+    let started = Instant::now();
+    let mut file = File::create(path).expect("create raw file");
+    for _ in 0..TOTAL >> 20 {
+        file.write_all(&block).expect("write");
+    }
+    file.sync_data().expect("sync");
+    gbps(TOTAL, started.elapsed().as_secs_f64())
 }
 
 /// Reads `path` (cold) in `block`-byte reads from start to end; GB/s.
@@ -82,23 +85,10 @@ fn sequential_read(path: &Path, block: usize) -> f64 {
     gbps(TOTAL, started.elapsed().as_secs_f64())
 }
 
-/// Sequential write, sequential reads (1 MiB and 64 KiB) and random 64 KiB reads of
-/// one plain file.
-fn raw_disk(dir: &Path) -> Raw {
-    let path = dir.join("raw.bin");
-    let block = pattern(1 << 20, 1);
-    let started = Instant::now();
-    let mut file = File::create(&path).expect("create raw file");
-    for _ in 0..TOTAL >> 20 {
-        file.write_all(&block).expect("write");
-    }
-    file.sync_data().expect("sync");
-    let write = gbps(TOTAL, started.elapsed().as_secs_f64());
-    drop(file);
-    let read = sequential_read(&path, 1 << 20);
-    let read_small = sequential_read(&path, 64 << 10);
-    drop_cache(&path);
-    let file = File::open(&path).expect("open");
+/// Reads 2048 blocks of 64 KiB of `path` (cold) at random offsets; GB/s.
+fn random_read(path: &Path) -> f64 {
+    drop_cache(path);
+    let file = File::open(path).expect("open");
     let mut small = vec![0u8; 64 << 10];
     let reads = 2048usize;
     let mut offset = 0x9e37_79b9u64;
@@ -110,19 +100,28 @@ fn raw_disk(dir: &Path) -> Raw {
         let at = (offset >> 20) % (TOTAL as u64 / (64 << 10)) * (64 << 10);
         file.read_exact_at(&mut small, at).expect("read");
     }
-    let random = gbps(reads * (64 << 10), started.elapsed().as_secs_f64());
-    let _ = std::fs::remove_file(&path);
-    Raw {
-        write,
-        read,
-        read_small,
-        random,
-    }
+    gbps(reads * (64 << 10), started.elapsed().as_secs_f64())
+}
+
+/// One backend's figures and the raw figures measured around each, in GB/s.
+struct Paired {
+    /// The faster of the raw writes just before and just after the backend's write.
+    raw_write: f64,
+    /// The backend writing the objects.
+    write: f64,
+    /// The faster of the raw reads (in blocks of the objects' size) just before and
+    /// just after the backend's read.
+    raw_read: f64,
+    /// The backend reading the objects back.
+    read: f64,
 }
 
 /// Writes `TOTAL` bytes of `size`-byte objects through backend `kind`, then reads them
-/// all back (cold), checking every value: (write GB/s, read GB/s).
-fn store(dir: &Path, kind: BackendKind, size: usize, uring: bool) -> (f64, f64) {
+/// all back (cold), checking every value. The raw file `raw` is written right before
+/// and right after the backend writes, and read right before and right after it reads:
+/// the reference is the faster of each pair, taken moments apart on a disk whose speed
+/// drifts, and what ran just before (a write or a read) is the same for both.
+fn store(dir: &Path, raw: &Path, kind: BackendKind, size: usize, uring: bool) -> Paired {
     let store_dir = dir.join(format!("store-{size}"));
     let _ = std::fs::remove_dir_all(&store_dir);
     std::fs::create_dir_all(&store_dir).expect("mkdir");
@@ -132,9 +131,24 @@ fn store(dir: &Path, kind: BackendKind, size: usize, uring: bool) -> (f64, f64) 
     config.path.clone_from(&store_dir);
     let limits = Limits::bytes(2 * TOTAL as u64);
     let (mut store, _) = open_backend(&config, limits, io).expect("open store");
-    let measured = round_trip(store.as_mut(), size, TOTAL, || drop_dir_cache(&store_dir));
+    let mut raw_writes = vec![raw_write(raw)];
+    let mut raw_reads = Vec::new();
+    let measured = round_trip(store.as_mut(), size, TOTAL, || {
+        raw_writes.push(raw_write(raw));
+        raw_reads.push(sequential_read(raw, size));
+        drop_dir_cache(&store_dir);
+    });
+    raw_reads.push(sequential_read(raw, size));
+    drop(store);
     let _ = std::fs::remove_dir_all(&store_dir);
-    measured.expect("write and read back")
+    let (write, read) = measured.expect("write and read back");
+    let fastest = |figures: Vec<f64>| figures.into_iter().fold(0.0, f64::max);
+    Paired {
+        raw_write: fastest(raw_writes),
+        write,
+        raw_read: fastest(raw_reads),
+        read,
+    }
 }
 
 /// Writes `total` bytes of `size`-byte objects through `store` in batches as the
@@ -229,24 +243,69 @@ impl Row {
     }
 }
 
-/// The backends measured: kind, label, io_uring.
-const CASES: [(BackendKind, &str, bool); 5] = [
-    (BackendKind::Bucket, "bucket", false),
-    (BackendKind::Bucket, "bucket, io_uring", true),
-    (BackendKind::FilePerKey, "file_per_key", false),
-    (BackendKind::OffsetAllocator, "offset_allocator", false),
-    (
-        BackendKind::OffsetAllocator,
-        "offset_allocator, io_uring",
-        true,
-    ),
+/// One backend measured by the section.
+struct Case {
+    kind: BackendKind,
+    /// The name `--backends` selects it by.
+    id: &'static str,
+    /// The name printed.
+    label: &'static str,
+    uring: bool,
+}
+
+/// The backends measured.
+const CASES: [Case; 5] = [
+    Case {
+        kind: BackendKind::Bucket,
+        id: "bucket",
+        label: "bucket",
+        uring: false,
+    },
+    Case {
+        kind: BackendKind::Bucket,
+        id: "bucket_uring",
+        label: "bucket, io_uring",
+        uring: true,
+    },
+    Case {
+        kind: BackendKind::FilePerKey,
+        id: "file_per_key",
+        label: "file_per_key",
+        uring: false,
+    },
+    Case {
+        kind: BackendKind::OffsetAllocator,
+        id: "offset_allocator",
+        label: "offset_allocator",
+        uring: false,
+    },
+    Case {
+        kind: BackendKind::OffsetAllocator,
+        id: "offset_allocator_uring",
+        label: "offset_allocator, io_uring",
+        uring: true,
+    },
 ];
 
-/// Runs the section `repeats` times and prints medians: each backend right after a
-/// raw measurement of the same disk, and its ratio to that raw figure (writes to the
-/// sequential write of 1 MiB blocks, reads to the sequential read in blocks of the
-/// objects' size).
-pub fn run(repeats: usize) {
+/// The names `--backends` accepts.
+pub const BACKEND_IDS: [&str; 5] = [
+    CASES[0].id,
+    CASES[1].id,
+    CASES[2].id,
+    CASES[3].id,
+    CASES[4].id,
+];
+
+/// Runs the section `repeats` times and prints medians: each backend's write and read
+/// right after a raw write and read of the same disk, and its ratio to that raw figure
+/// (writes to the sequential write of 1 MiB blocks, reads to the sequential read in
+/// blocks of the objects' size). `backends` names the cases to run (see [`BACKEND_IDS`]); empty runs
+/// them all.
+pub fn run(repeats: usize, backends: &[String]) {
+    let cases: Vec<&Case> = CASES
+        .iter()
+        .filter(|case| backends.is_empty() || backends.iter().any(|id| id == case.id))
+        .collect();
     let dir = bench_dir();
     let repeats = repeats.max(1);
     let mut raw_rows: Vec<Row> = [
@@ -259,7 +318,8 @@ pub fn run(repeats: usize) {
     .map(|name| Row::new(name.to_string()))
     .collect();
     let mut rows: Vec<Row> = Vec::new();
-    for (_, name, _) in CASES {
+    for case in &cases {
+        let name = case.label;
         for size in ["64 KiB", "1 MiB"] {
             rows.push(Row::new(format!("{name}: write {size} objects")));
             rows.push(Row::new(format!(
@@ -267,22 +327,20 @@ pub fn run(repeats: usize) {
             )));
         }
     }
+    let raw_path = dir.join("raw.bin");
     for _ in 0..repeats {
         let mut row = rows.iter_mut();
-        for (kind, _, uring) in CASES {
-            let raw = raw_disk(&dir);
-            let figures = [raw.write, raw.read, raw.read_small, raw.random];
-            for (raw_row, value) in raw_rows.iter_mut().zip(figures) {
-                raw_row.values.push(value);
-            }
+        for case in &cases {
             for size in [64 << 10, 1 << 20] {
-                let (w, r) = store(&dir, kind, size, uring);
-                let read = if size < 1 << 20 {
-                    raw.read_small
-                } else {
-                    raw.read
-                };
-                for (value, raw) in [(w, raw.write), (r, read)] {
+                let paired = store(&dir, &raw_path, case.kind, size, case.uring);
+                raw_rows[0].values.push(paired.raw_write);
+                raw_rows[if size < 1 << 20 { 2 } else { 1 }]
+                    .values
+                    .push(paired.raw_read);
+                for (value, raw) in [
+                    (paired.write, paired.raw_write),
+                    (paired.read, paired.raw_read),
+                ] {
                     if let Some(row) = row.next() {
                         row.values.push(value);
                         row.raw.push(raw);
@@ -290,10 +348,11 @@ pub fn run(repeats: usize) {
                 }
             }
         }
+        raw_rows[3].values.push(random_read(&raw_path));
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "\n## SSD tier ({} MiB per measurement, median of {repeats}, in {})\n\nEach backend is measured right after a raw write and read of the same disk; the ratio is the median of the per-round ratios to those (writes to the sequential write of 1 MiB blocks, reads to the sequential read in blocks of the objects' size).\n\n| measurement | GB/s | of raw |\n|---|---|---|",
+        "\n## SSD tier ({} MiB per measurement, median of {repeats}, in {})\n\nEach backend write is compared with the faster of two raw sequential writes of 1 MiB blocks of the same disk, one just before and one just after it; each backend read likewise with raw sequential reads in blocks of the objects' size. The ratio is the median of the per-round ratios; the raw rows are medians of those references.\n\n| measurement | GB/s | of raw |\n|---|---|---|",
         TOTAL >> 20,
         dir.parent()
             .map_or_else(String::new, |p| p.display().to_string())

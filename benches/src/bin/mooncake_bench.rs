@@ -69,6 +69,8 @@ struct Options {
     repeats: usize,
     segment: String,
     sections: Vec<String>,
+    /// `--backends`: the SSD backends `--sections offload` measures (empty: all).
+    backends: Vec<String>,
     trace: trace::TraceOptions,
 }
 
@@ -78,6 +80,7 @@ fn parse_options() -> Result<Options, String> {
         repeats: 5,
         segment: "2GB".into(),
         sections: vec!["dummy".into(), "cluster".into(), "master".into()],
+        backends: Vec::new(),
         trace: trace::TraceOptions {
             path: std::path::PathBuf::new(),
             requests: 3000,
@@ -119,9 +122,22 @@ fn parse_options() -> Result<Options, String> {
             "sections" => {
                 options.sections = value()?.split(',').map(|s| s.trim().to_string()).collect()
             }
+            "backends" => {
+                options.backends = value()?.split(',').map(|s| s.trim().to_string()).collect();
+                if let Some(unknown) = options
+                    .backends
+                    .iter()
+                    .find(|id| !offload::BACKEND_IDS.contains(&id.as_str()))
+                {
+                    return Err(format!(
+                        "--backends: unknown backend {unknown:?} (one of {})",
+                        offload::BACKEND_IDS.join(", ")
+                    ));
+                }
+            }
             "help" | "h" => {
                 return Err(
-                    "usage: mooncake_bench [--client ADDR] [--repeats N] [--segment SIZE] [--sections dummy,cluster,master,offload,trace,redis,embedded,engine,failover] [--trace FILE]".into(),
+                    "usage: mooncake_bench [--client ADDR] [--repeats N] [--segment SIZE] [--sections dummy,cluster,master,offload,trace,redis,embedded,engine,failover] [--backends bucket,bucket_uring,file_per_key,offset_allocator,offset_allocator_uring] [--trace FILE]".into(),
                 );
             }
             other => return Err(format!("unknown option --{other}")),
@@ -378,7 +394,7 @@ fn main() {
             master::run();
         }
         if options.sections.iter().any(|s| s == "offload") {
-            offload::run(options.repeats);
+            offload::run(options.repeats, &options.backends);
         }
         if options.sections.iter().any(|s| s == "redis") {
             redis::run(options.repeats)?;

@@ -170,7 +170,7 @@ impl StorageBackend for DkvStore {
         let client = Arc::clone(&self.client);
         Ok(PreparedBatch::new(
             objects,
-            move |objects| put_all(client.as_ref(), &store_keys, objects),
+            move |objects| put_all(client.as_ref(), &store_keys, objects, PART_BYTES),
             entries,
         ))
     }
@@ -219,43 +219,96 @@ impl StorageBackend for DkvStore {
     }
 }
 
+/// Bytes of values per part of a batch: the record headers of the next part (a
+/// checksum over its values) are computed on a helper thread while this part is sent.
+const PART_BYTES: usize = 32 << 20;
+
 /// Stores the record of every object under its store key (header and key from a small
-/// buffer, the value from where it is); when some fail, deletes the ones that were
-/// stored (no half-written batch stays behind) and fails.
+/// buffer, the value from where it is), in parts of about `part_bytes` whose headers
+/// are computed one part ahead; when some fail, no later part is sent, the ones that
+/// were stored are deleted (no half-written batch stays behind) and it fails.
 fn put_all(
     client: &dyn DkvClient,
     store_keys: &[Vec<u8>],
     objects: &[(&str, &[u8])],
+    part_bytes: usize,
 ) -> Result<(), StoreError> {
-    let heads: Vec<Vec<u8>> = objects
-        .iter()
-        .map(|(key, value)| [&record::header(key.as_bytes(), value)[..], key.as_bytes()].concat())
-        .collect();
-    let items: Vec<PutFrom<'_>> = store_keys
-        .iter()
-        .zip(&heads)
-        .zip(objects)
-        .map(|((key, head), (_, value))| PutFrom {
-            key,
-            head,
-            body: value,
-        })
-        .collect();
-    let results = client.batch_put_from(&items);
+    let parts = parts_by_bytes(objects, part_bytes);
+    let mut results = Vec::with_capacity(objects.len());
+    let mut send = |range: std::ops::Range<usize>, heads: Vec<Vec<u8>>| {
+        let items: Vec<PutFrom<'_>> = store_keys[range.clone()]
+            .iter()
+            .zip(&heads)
+            .zip(&objects[range])
+            .map(|((key, head), (_, value))| PutFrom {
+                key,
+                head,
+                body: value,
+            })
+            .collect();
+        results.extend(client.batch_put_from(&items));
+        results.iter().all(Result::is_ok)
+    };
+    if let [only] = parts.as_slice() {
+        send(only.clone(), record_heads(objects));
+    } else {
+        std::thread::scope(|scope| {
+            let (ahead, computed) = std::sync::mpsc::sync_channel(1);
+            scope.spawn(move || {
+                for range in parts {
+                    let heads = record_heads(&objects[range.clone()]);
+                    if ahead.send((range, heads)).is_err() {
+                        break;
+                    }
+                }
+            });
+            for (range, heads) in computed {
+                if !send(range, heads) {
+                    break;
+                }
+            }
+        });
+    }
     let failure = results.iter().find_map(|r| r.as_ref().err()).cloned();
     let Some(error) = failure else {
         return Ok(());
     };
-    let stored: Vec<&[u8]> = items
+    let stored: Vec<&[u8]> = store_keys
         .iter()
         .zip(&results)
         .filter(|(_, r)| r.is_ok())
-        .map(|(item, _)| item.key)
+        .map(|(key, _)| key.as_slice())
         .collect();
     if !stored.is_empty() {
         let _ = client.batch_delete(&stored);
     }
     Err(remote(&error))
+}
+
+/// Each object's record header followed by its key: what is stored before its value.
+fn record_heads(objects: &[(&str, &[u8])]) -> Vec<Vec<u8>> {
+    objects
+        .iter()
+        .map(|(key, value)| [&record::header(key.as_bytes(), value)[..], key.as_bytes()].concat())
+        .collect()
+}
+
+/// `objects` cut into consecutive ranges of about `bytes` bytes of values each (at
+/// least one object per range; none for no objects).
+fn parts_by_bytes(objects: &[(&str, &[u8])], bytes: usize) -> Vec<std::ops::Range<usize>> {
+    let mut parts = Vec::new();
+    let (mut start, mut filled) = (0, 0);
+    for (i, (_, value)) in objects.iter().enumerate() {
+        filled += value.len();
+        if filled >= bytes {
+            parts.push(start..i + 1);
+            (start, filled) = (i + 1, 0);
+        }
+    }
+    if start < objects.len() {
+        parts.push(start..objects.len());
+    }
+    parts
 }
 
 /// The records of a distributed KV store, as a [`RecordSource`] for read plans.
@@ -293,6 +346,7 @@ mod tests {
     use super::*;
     use crate::backend::encode_record;
     use crate::dkv::scripted::{ScriptedKey, ScriptedStore};
+    use crate::dkv::{GetInto, ScanPage};
 
     const PREFIX: &str = "ns/node/";
 
@@ -336,6 +390,146 @@ mod tests {
 
     fn open_and_read_all(script: &[ScriptedKey]) -> (RecoveryReport, usize) {
         super::super::scripted::open_and_read_all(script, PREFIX, 4096)
+    }
+
+    /// A store in memory that refuses to store keys containing `bad`, and counts the
+    /// `SET`s it was sent.
+    #[derive(Debug, Default)]
+    struct MemoryStore {
+        values: parking_lot::Mutex<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
+        puts: std::sync::atomic::AtomicUsize,
+    }
+
+    impl DkvClient for MemoryStore {
+        fn describe(&self) -> String {
+            "a store in memory".into()
+        }
+
+        fn batch_put(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<(), DkvError>> {
+            items
+                .iter()
+                .map(|(key, value)| {
+                    self.puts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if key.windows(3).any(|w| w == b"bad") {
+                        return Err(DkvError::Store("refused".into()));
+                    }
+                    self.values.lock().insert(key.to_vec(), value.to_vec());
+                    Ok(())
+                })
+                .collect()
+        }
+
+        fn batch_get(&self, items: &mut [GetInto<'_>]) -> Vec<Result<u64, DkvError>> {
+            items
+                .iter_mut()
+                .map(|item| match self.values.lock().get(item.key) {
+                    Some(value) => item.fill(value),
+                    None => Err(DkvError::NotFound),
+                })
+                .collect()
+        }
+
+        fn batch_exists(&self, keys: &[&[u8]]) -> Vec<Result<bool, DkvError>> {
+            let values = self.values.lock();
+            keys.iter()
+                .map(|key| Ok(values.contains_key(*key)))
+                .collect()
+        }
+
+        fn batch_delete(&self, keys: &[&[u8]]) -> Vec<Result<(), DkvError>> {
+            let mut values = self.values.lock();
+            keys.iter()
+                .map(|key| {
+                    values.remove(*key);
+                    Ok(())
+                })
+                .collect()
+        }
+
+        fn scan(&self, _: &[u8], _: Option<u64>, _: u32) -> Result<ScanPage, DkvError> {
+            Ok(ScanPage::default())
+        }
+
+        fn capacity(&self) -> Option<u64> {
+            None
+        }
+    }
+
+    /// Ten objects of 1000 bytes named `name-<i>`, the one at `bad` (if any) named so
+    /// that the store refuses it.
+    fn batch(bad: Option<usize>) -> Vec<(String, Vec<u8>)> {
+        (0..10u8)
+            .map(|i| {
+                let name = if Some(usize::from(i)) == bad {
+                    "bad"
+                } else {
+                    "name"
+                };
+                (format!("{name}-{i}"), vec![i; 1000])
+            })
+            .collect()
+    }
+
+    /// The store keys of `objects`: their names.
+    fn keys_of(objects: &[(String, Vec<u8>)]) -> Vec<Vec<u8>> {
+        objects
+            .iter()
+            .map(|(k, _)| k.clone().into_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn parts_cover_the_batch_in_order_with_at_least_one_object_each() {
+        let objects = batch(None);
+        let objects: Vec<(&str, &[u8])> = objects
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        assert_eq!(
+            parts_by_bytes(&objects, 3000),
+            vec![0..3, 3..6, 6..9, 9..10]
+        );
+        assert_eq!(
+            parts_by_bytes(&objects, 1),
+            (0..10).map(|i| i..i + 1).collect::<Vec<_>>()
+        );
+        assert_eq!(parts_by_bytes(&objects, 1 << 20), vec![0..10]);
+        assert!(parts_by_bytes(&[], 3000).is_empty());
+    }
+
+    #[test]
+    fn a_batch_sent_in_parts_stores_every_record_whole() {
+        let store = MemoryStore::default();
+        let objects = batch(None);
+        let keys = keys_of(&objects);
+        let objects: Vec<(&str, &[u8])> = objects
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        put_all(&store, &keys, &objects, 3000).expect("stored");
+        let values = store.values.lock();
+        for (key, (name, value)) in keys.iter().zip(&objects) {
+            assert_eq!(values.get(key), Some(&encode_record(name, value)));
+        }
+    }
+
+    #[test]
+    fn a_part_that_fails_stops_the_batch_and_what_was_stored_is_deleted() {
+        let store = MemoryStore::default();
+        let objects = batch(Some(4));
+        let keys = keys_of(&objects);
+        let objects: Vec<(&str, &[u8])> = objects
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        let result = put_all(&store, &keys, &objects, 3000);
+        assert!(matches!(result, Err(StoreError::Remote(_))), "{result:?}");
+        assert!(store.values.lock().is_empty(), "nothing stays behind");
+        assert_eq!(
+            store.puts.load(std::sync::atomic::Ordering::Relaxed),
+            6,
+            "the parts after the failed one are not sent"
+        );
     }
 
     #[test]
