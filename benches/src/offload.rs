@@ -2,9 +2,10 @@
 //! sequential write (with `fdatasync`) and reads (1 MiB and 64 KiB) of a plain file,
 //! random 64 KiB reads,
 //! and each backend writing and reading back 64 KiB and 1 MiB objects. Each backend
-//! write is compared with the faster of raw writes just before and just after it, each
-//! backend read likewise with raw reads: this disk's speed drifts by several times
-//! within minutes. Page-cache
+//! write is compared with the faster of raw writes just before and just after it (this
+//! disk's speed drifts by several times within minutes); each backend reads its
+//! objects back in batches, as a batched get does, [`READ_PASSES`] times, alternating
+//! with raw reads into destinations as large as a batch (medians of each). Page-cache
 //! copies are dropped (`posix_fadvise(DONTNEED)`) before every read pass, so reads come
 //! from the device.
 
@@ -18,6 +19,7 @@ use mooncake_offload::backend::{Limits, StorageBackend};
 use mooncake_offload::config::{BackendKind, OffloadConfig};
 use mooncake_offload::factory::open_backend;
 use mooncake_offload::io::IoEngine;
+use mooncake_offload::parallel_reads::read_plans;
 
 /// Bytes moved per measurement.
 const TOTAL: usize = 512 << 20;
@@ -72,14 +74,25 @@ fn raw_write(path: &Path) -> f64 {
     gbps(TOTAL, started.elapsed().as_secs_f64())
 }
 
-/// Reads `path` (cold) in `block`-byte reads from start to end; GB/s.
+/// Objects of `size` bytes per batch, written or read (500, or fewer to stay within
+/// 256 MiB).
+fn per_batch(size: usize) -> usize {
+    ((256usize << 20) / size).clamp(1, 500)
+}
+
+/// Reads `path` (cold) in `block`-byte reads from start to end, each into the next
+/// block of a destination as large as a batch of `block`-byte objects (touched
+/// beforehand), as a batched get spreads its objects over the engine's buffers;
+/// GB/s. (Read into one reused block, the copies out of the page cache stay in the
+/// CPU's cache and run about 1.6 times faster than into memory a get fills.)
 fn sequential_read(path: &Path, block: usize) -> f64 {
     drop_cache(path);
     let file = File::open(path).expect("open");
-    let mut buffer = vec![0u8; block];
+    let mut dests = vec![1u8; per_batch(block) * block];
     let started = Instant::now();
-    for i in 0..(TOTAL / block) as u64 {
-        file.read_exact_at(&mut buffer, i * block as u64)
+    for i in 0..TOTAL / block {
+        let at = i % per_batch(block) * block;
+        file.read_exact_at(&mut dests[at..at + block], (i * block) as u64)
             .expect("read");
     }
     gbps(TOTAL, started.elapsed().as_secs_f64())
@@ -103,24 +116,28 @@ fn random_read(path: &Path) -> f64 {
     gbps(reads * (64 << 10), started.elapsed().as_secs_f64())
 }
 
-/// One backend's figures and the raw figures measured around each, in GB/s.
+/// Read passes per backend and object size, alternating with raw reads.
+const READ_PASSES: usize = 5;
+
+/// One backend's figures and the raw figures measured around them, in GB/s.
 struct Paired {
     /// The faster of the raw writes just before and just after the backend's write.
     raw_write: f64,
     /// The backend writing the objects.
     write: f64,
-    /// The faster of the raw reads (in blocks of the objects' size) just before and
-    /// just after the backend's read.
+    /// The median of the raw reads (in blocks of the objects' size) alternating with
+    /// the backend's read passes.
     raw_read: f64,
-    /// The backend reading the objects back.
+    /// The median of the backend's passes reading every object back.
     read: f64,
 }
 
 /// Writes `TOTAL` bytes of `size`-byte objects through backend `kind`, then reads them
-/// all back (cold), checking every value. The raw file `raw` is written right before
-/// and right after the backend writes, and read right before and right after it reads:
-/// the reference is the faster of each pair, taken moments apart on a disk whose speed
-/// drifts, and what ran just before (a write or a read) is the same for both.
+/// all back (cold, checking every value) [`READ_PASSES`] times. The raw file `raw` is
+/// written right before and right after the backend writes (the reference is the
+/// faster of the two, taken moments apart on a disk whose speed drifts), and read
+/// before each read pass, after one read that is not counted (so that every read,
+/// raw or not, follows a read): the read figures are the medians of each series.
 fn store(dir: &Path, raw: &Path, kind: BackendKind, size: usize, uring: bool) -> Paired {
     let store_dir = dir.join(format!("store-{size}"));
     let _ = std::fs::remove_dir_all(&store_dir);
@@ -131,64 +148,95 @@ fn store(dir: &Path, raw: &Path, kind: BackendKind, size: usize, uring: bool) ->
     config.path.clone_from(&store_dir);
     let limits = Limits::bytes(2 * TOTAL as u64);
     let (mut store, _) = open_backend(&config, limits, io).expect("open store");
-    let mut raw_writes = vec![raw_write(raw)];
+    let raw_before = raw_write(raw);
+    let (write, objects) = write_objects(store.as_mut(), size, TOTAL).expect("write");
+    let raw_after = raw_write(raw);
+    sequential_read(raw, size);
     let mut raw_reads = Vec::new();
-    let measured = round_trip(store.as_mut(), size, TOTAL, || {
-        raw_writes.push(raw_write(raw));
+    let mut reads = Vec::new();
+    for _ in 0..READ_PASSES {
         raw_reads.push(sequential_read(raw, size));
         drop_dir_cache(&store_dir);
-    });
-    raw_reads.push(sequential_read(raw, size));
+        reads.push(read_objects(store.as_mut(), &objects).expect("read back"));
+    }
     drop(store);
     let _ = std::fs::remove_dir_all(&store_dir);
-    let (write, read) = measured.expect("write and read back");
-    let fastest = |figures: Vec<f64>| figures.into_iter().fold(0.0, f64::max);
     Paired {
-        raw_write: fastest(raw_writes),
+        raw_write: raw_before.max(raw_after),
         write,
-        raw_read: fastest(raw_reads),
-        read,
+        raw_read: median(raw_reads),
+        read: median(reads),
+    }
+}
+
+/// What [`write_objects`] wrote: the keys, and the values they hold in turn.
+pub struct Written {
+    keys: Vec<String>,
+    values: Vec<Vec<u8>>,
+    size: usize,
+}
+
+impl Written {
+    /// Objects per batch, written or read (500, or fewer to stay within 256 MiB).
+    fn per_batch(&self) -> usize {
+        self.values.len()
     }
 }
 
 /// Writes `total` bytes of `size`-byte objects through `store` in batches as the
-/// offload loop does (500 objects or 256 MiB each), runs `before_reads`, then reads
-/// every object back one by one, checking it (the check is not timed): (write GB/s,
-/// read GB/s).
-pub fn round_trip(
+/// offload loop does (500 objects or 256 MiB each): (write GB/s, what was written).
+pub fn write_objects(
     store: &mut dyn StorageBackend,
     size: usize,
     total: usize,
-    before_reads: impl FnOnce(),
-) -> Result<(f64, f64), String> {
+) -> Result<(f64, Written), String> {
     let count = total / size;
-    let per_batch = ((256usize << 20) / size).clamp(1, 500);
+    let per_batch = per_batch(size);
     let keys: Vec<String> = (0..count).map(|i| format!("bench-{size}-{i}")).collect();
     let values: Vec<Vec<u8>> = (0..per_batch).map(|i| pattern(size, i)).collect();
     let started = Instant::now();
     for chunk in keys.chunks(per_batch) {
         let objects: Vec<(&str, &[u8])> = chunk
             .iter()
-            .enumerate()
-            .map(|(i, k)| (k.as_str(), values[i].as_slice()))
+            .zip(&values)
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
             .collect();
         store.write_batch(&objects).map_err(|e| e.to_string())?;
     }
     let write = gbps(count * size, started.elapsed().as_secs_f64());
-    before_reads();
-    let mut dest = vec![0u8; size];
-    // Only the backend's reads are timed; the check of each value is not.
+    Ok((write, Written { keys, values, size }))
+}
+
+/// Reads every object `written` back in batches of the size it was written in, as a
+/// batched get does (located, then read several at a time: [`read_plans`]), checking
+/// each (the check is not timed): GB/s.
+pub fn read_objects(store: &mut dyn StorageBackend, written: &Written) -> Result<f64, String> {
+    let size = written.size;
+    // Destinations touched before the timing starts, as an engine's buffers are: a
+    // fresh allocation would time the page faults of its first use.
+    let mut dests = vec![1u8; written.per_batch() * size];
     let mut reading = std::time::Duration::ZERO;
-    for (i, key) in keys.iter().enumerate() {
+    for chunk in written.keys.chunks(written.per_batch()) {
         let started = Instant::now();
-        store.read_into(key, &mut dest).map_err(|e| e.to_string())?;
+        let plans = chunk
+            .iter()
+            .map(|key| store.locate(key))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        let read = read_plans(&plans, dests.chunks_mut(size).collect());
         reading += started.elapsed();
-        if dest != values[i % per_batch] {
-            return Err(format!("{key}: wrong bytes read back"));
+        for ((key, outcome), (dest, value)) in chunk
+            .iter()
+            .zip(read)
+            .zip(dests.chunks(size).zip(&written.values))
+        {
+            outcome.map_err(|e| format!("{key}: {e}"))?;
+            if dest != value.as_slice() {
+                return Err(format!("{key}: wrong bytes read back"));
+            }
         }
     }
-    let read = gbps(count * size, reading.as_secs_f64());
-    Ok((write, read))
+    Ok(gbps(written.keys.len() * size, reading.as_secs_f64()))
 }
 
 /// Where disk measurements happen: `MOONCAKE_BENCH_DIR`, else the system's temporary
@@ -297,10 +345,10 @@ pub const BACKEND_IDS: [&str; 5] = [
 ];
 
 /// Runs the section `repeats` times and prints medians: each backend's write and read
-/// right after a raw write and read of the same disk, and its ratio to that raw figure
-/// (writes to the sequential write of 1 MiB blocks, reads to the sequential read in
-/// blocks of the objects' size). `backends` names the cases to run (see [`BACKEND_IDS`]); empty runs
-/// them all.
+/// next to raw writes and reads of the same disk measured around them (see [`store`]),
+/// and its ratio to them (writes to the sequential write of 1 MiB blocks, reads to the
+/// sequential read in blocks of the objects' size). `backends` names the cases to run
+/// (see [`BACKEND_IDS`]); empty runs them all.
 pub fn run(repeats: usize, backends: &[String]) {
     let cases: Vec<&Case> = CASES
         .iter()
@@ -352,7 +400,7 @@ pub fn run(repeats: usize, backends: &[String]) {
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "\n## SSD tier ({} MiB per measurement, median of {repeats}, in {})\n\nEach backend write is compared with the faster of two raw sequential writes of 1 MiB blocks of the same disk, one just before and one just after it; each backend read likewise with raw sequential reads in blocks of the objects' size. The ratio is the median of the per-round ratios; the raw rows are medians of those references.\n\n| measurement | GB/s | of raw |\n|---|---|---|",
+        "\n## SSD tier ({} MiB per measurement, median of {repeats}, in {})\n\nEach backend write is compared with the faster of two raw sequential writes of 1 MiB blocks of the same disk, one just before and one just after it; each backend's reads ({READ_PASSES} passes over its objects, median) with raw sequential reads in blocks of the objects' size alternating with them (median). The ratio is the median of the per-round ratios; the raw rows are medians of those references.\n\n| measurement | GB/s | of raw |\n|---|---|---|",
         TOTAL >> 20,
         dir.parent()
             .map_or_else(String::new, |p| p.display().to_string())

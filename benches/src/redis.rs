@@ -1,7 +1,8 @@
 //! `distributed_kv_storage_backend` on Redis next to Redis itself, in one run: a
 //! private `redis-server` on loopback (no persistence); the backend writes objects of
 //! 64 KiB and 1 MiB in batches as the offload loop does (one pipeline per batch) and
-//! reads each back as a read of the tier does (one object per call, checked), and
+//! reads them back as a batched get of the tier does (several objects at a time:
+//! `mooncake_offload::parallel_reads`, each checked), and
 //! `redis-benchmark` runs SET and GET of the same sizes against the same server: one
 //! connection without pipelining (the reference of the ratios), one pipelining 16
 //! requests, and 16 connections (its view of the server's limit). Its SETs store new
@@ -17,7 +18,7 @@ use mooncake_offload::config::{BackendKind, OffloadConfig};
 use mooncake_offload::factory::open_backend;
 use mooncake_offload::io::IoEngine;
 
-use crate::offload::{median, round_trip};
+use crate::offload::{median, read_objects, write_objects};
 use crate::processes::{Processes, free_port};
 
 /// Bytes written and read per measurement.
@@ -58,7 +59,8 @@ fn backend(port: u16, size: usize, round: usize) -> Result<(f64, f64), String> {
     let io = Arc::new(IoEngine::new(false));
     let (mut store, _) =
         open_backend(&config, Limits::bytes(2 * TOTAL as u64), io).map_err(|e| e.to_string())?;
-    let measured = round_trip(store.as_mut(), size, TOTAL, || {});
+    let measured = write_objects(store.as_mut(), size, TOTAL)
+        .and_then(|(write, written)| Ok((write, read_objects(store.as_mut(), &written)?)));
     store.remove_all();
     measured
 }
@@ -195,7 +197,7 @@ pub fn run(repeats: usize) -> Result<(), String> {
         "redis-benchmark SET (new keys), 1 connection, no pipeline",
         "redis-benchmark SET (new keys), 1 connection, pipeline 16",
         "redis-benchmark SET (new keys), 16 connections",
-        "read back (backend, one object per call, checked)",
+        "read back (backend, batches as a batched get reads them, checked)",
         "redis-benchmark GET, 1 connection, no pipeline",
         "redis-benchmark GET, 1 connection, pipeline 16",
         "redis-benchmark GET, 16 connections",

@@ -276,6 +276,10 @@ impl PreparedBatch {
     }
 }
 
+/// Largest gap between two records that still counts as one following the other
+/// ([`ReadPlan::follows`]): within the kernel's read-ahead window.
+pub const FOLLOWS_WITHIN: u64 = 1 << 20;
+
 /// How to read one object, obtained from [`StorageBackend::locate`] and used without
 /// holding the backend.
 #[derive(Clone, Debug)]
@@ -356,6 +360,37 @@ impl ReadPlan {
     /// Size of the value.
     pub fn len(&self) -> u64 {
         self.value_len
+    }
+
+    /// True when this record lies in the same file as `previous`, starting where it
+    /// ends or at most [`FOLLOWS_WITHIN`] bytes further: reading the two in order is a
+    /// sequential read, which the page cache's read-ahead serves.
+    pub fn follows(&self, previous: &ReadPlan) -> bool {
+        self.gap_after(previous)
+            .is_some_and(|gap| gap <= FOLLOWS_WITHIN)
+    }
+
+    /// Bytes between the end of `previous`'s record and the start of this one, when
+    /// both lie in the same file and this one starts at or after that end.
+    fn gap_after(&self, previous: &ReadPlan) -> Option<u64> {
+        let (
+            Source::File { path, offset, .. },
+            Source::File {
+                path: previous_path,
+                offset: previous_offset,
+                ..
+            },
+        ) = (&self.source, &previous.source)
+        else {
+            return None;
+        };
+        let previous_end = previous_offset.saturating_add(previous.record_len());
+        (path == previous_path).then(|| offset.checked_sub(previous_end))?
+    }
+
+    /// Length of the whole record: header, key and value.
+    fn record_len(&self) -> u64 {
+        ((HEADER_LEN + self.key.len()) as u64).saturating_add(self.value_len)
     }
 
     /// True for an empty value (never stored: values are at least one byte).

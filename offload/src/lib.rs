@@ -3,7 +3,8 @@
 //!
 //! The settings (upstream's `MOONCAKE_OFFLOAD_*` variables and path rules,
 //! [`config`]), checksummed records ([`record`]), the I/O engines (POSIX, io_uring with
-//! a fallback, [`io`]), the contract of a storage backend ([`backend`]), the factory that opens the configured
+//! a fallback, [`io`]), the contract of a storage backend ([`backend`]), batches read several records
+//! at a time ([`parallel_reads`]), the factory that opens the configured
 //! one ([`factory`]) and the three
 //! local-disk backends: `bucket_storage_backend` ([`bucket`], the default),
 //! `file_per_key_storage_backend` ([`file_per_key`]) and
@@ -21,6 +22,7 @@ mod file_per_key;
 pub mod io;
 mod object_index;
 pub mod offset_allocator;
+pub mod parallel_reads;
 pub mod record;
 mod record_writer;
 

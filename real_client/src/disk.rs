@@ -16,10 +16,13 @@ use parking_lot::Mutex;
 
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::logging::{EVICTION_TARGET, monotonic_us};
-use mooncake_offload::backend::{Eviction, Limits, RecoveryReport, StorageBackend, StoreError};
+use mooncake_offload::backend::{
+    Eviction, Limits, ReadPlan, RecoveryReport, StorageBackend, StoreError,
+};
 use mooncake_offload::config::{BackendKind, OffloadConfig, validate_path};
 use mooncake_offload::factory::open_backend;
 use mooncake_offload::io::IoEngine;
+use mooncake_offload::parallel_reads::{map_reads, readers_for};
 
 use crate::disk_staging::{StagedBytes, StagingPool};
 use crate::master_link::MasterLink;
@@ -141,6 +144,11 @@ impl DiskTier {
     /// memory and dropped only when it fails there too.
     pub fn read_into(&self, key: &str, dest: &mut [u8]) -> CodeResult<u64> {
         let plan = self.store.lock().locate(key).map_err(|e| code(&e))?;
+        self.read_plan_into(key, &plan, dest)
+    }
+
+    /// Reads `key`'s record through `plan` as [`read_into`](Self::read_into) does.
+    fn read_plan_into(&self, key: &str, plan: &ReadPlan, dest: &mut [u8]) -> CodeResult<u64> {
         match plan.read_into(dest) {
             Err(StoreError::Corrupt(_)) => {
                 let mut private = self.staging.lease(plan.len())?;
@@ -156,6 +164,26 @@ impl DiskTier {
             }
             other => other.map_err(|error| self.failed_read(key, &error)),
         }
+    }
+
+    /// Reads each `(key, destination)` as [`read_into`](Self::read_into) does, every
+    /// key located under one lock, the records read on as many threads as
+    /// [`readers_for`] gives the batch (one for records in the order they lie on
+    /// disk); answers each value's length or error, in order.
+    pub fn read_many_into(&self, items: &[(&str, &MemSlice)]) -> Vec<CodeResult<u64>> {
+        let plans: Vec<CodeResult<ReadPlan>> = {
+            let mut store = self.store.lock();
+            items
+                .iter()
+                .map(|(key, _)| store.locate(key).map_err(|e| code(&e)))
+                .collect()
+        };
+        let located: Vec<&ReadPlan> = plans.iter().filter_map(|p| p.as_ref().ok()).collect();
+        map_reads(items.len(), readers_for(&located), |index| {
+            let (key, dest) = items[index];
+            let plan = plans[index].as_ref().map_err(|code| *code)?;
+            dest.fill_with(|bytes| self.read_plan_into(key, plan, bytes))
+        })
     }
 
     /// Reads `key`'s value into a block of the staging buffer, leased until the

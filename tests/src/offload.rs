@@ -113,6 +113,45 @@ pub fn put_past_memory(client: &DummyClient, node: &RealClientProcess) {
     }
 }
 
+/// Asserts that one batched get of the objects `first-{i}` for each of `indices`
+/// (1 MiB each, all on the node's disk), with a missing key among them, reads each
+/// byte-exact into the client's pool, in the order given and in the reverse order (on
+/// disk the second order is scattered: several readers), and answers
+/// `OBJECT_NOT_FOUND` for the missing key alone.
+pub fn assert_batch_reads_from_disk(client: &DummyClient, indices: &[usize]) {
+    let mut orders = vec![indices.to_vec()];
+    orders.push(indices.iter().rev().copied().collect());
+    for order in orders {
+        let mut keys: Vec<String> = order.iter().map(|i| format!("first-{i}")).collect();
+        keys.insert(keys.len() / 2, "never-stored".to_string());
+        let dests: Vec<u64> = keys
+            .iter()
+            .map(|_| client.alloc_from_mem_pool(1 << 20))
+            .collect();
+        let sizes = vec![1u64 << 20; keys.len()];
+        // SAFETY: each destination is a live pool block of 1 MiB owned by this caller
+        // and touched by nothing else during the call.
+        let results = unsafe { client.batch_get_into(&keys, &dests, &sizes) };
+        for ((key, result), dest) in keys.iter().zip(results).zip(&dests) {
+            if key == "never-stored" {
+                assert_eq!(result, Err(ErrorCode::OBJECT_NOT_FOUND), "{key}");
+                continue;
+            }
+            assert_eq!(result, Ok(1 << 20), "{key}");
+            let i: usize = key["first-".len()..].parse().expect("index");
+            // SAFETY: `dest` is a live pool block of 1 MiB owned by this caller.
+            let got = unsafe { std::slice::from_raw_parts(*dest as *const u8, 1 << 20) };
+            assert!(
+                got == value(i, 1 << 20).as_slice(),
+                "{key}: wrong bytes in a batch"
+            );
+        }
+        for dest in dests {
+            client.free_to_mem_pool(dest).expect("free");
+        }
+    }
+}
+
 /// Asserts that `key` reads as `value(i, 1 MiB)` through each `(dummy, name)`.
 pub fn assert_reads_through(readers: &[(&DummyClient, &str)], key: &str, i: usize) {
     for (reader, name) in readers {

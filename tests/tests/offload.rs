@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use mooncake_dummy_client::{DummyClient, ErrorCode, ReplicateConfig};
 use mooncake_integration_tests::offload::{
-    TempDir, assert_gone, assert_reads_into_pool, assert_reads_through, comes_back, dummy, on_disk,
-    only_on_disk, put_and_offload, put_past_memory, value,
+    TempDir, assert_batch_reads_from_disk, assert_gone, assert_reads_into_pool,
+    assert_reads_through, comes_back, dummy, on_disk, only_on_disk, put_and_offload,
+    put_past_memory, value,
 };
 use mooncake_integration_tests::{
     MasterProcess, RealClientProcess, eventually, free_tcp_port, http_get, sample,
@@ -59,7 +60,8 @@ fn the_offset_allocator_backend_keeps_evicted_objects_across_restarts_with_io_ur
 }
 
 /// With a segment smaller than the data: evicted objects are read byte-exact from
-/// disk through the owner and another node (also zero-copy), after kill -9 of the
+/// disk through the owner (one by one and in batches) and another node (also
+/// zero-copy), after kill -9 of the
 /// node and after a restart of the master; removed objects do not come back.
 fn evicted_objects_survive(backend: &str, uring: bool) {
     let dir = TempDir::new("evict");
@@ -71,6 +73,7 @@ fn evicted_objects_survive(backend: &str, uring: bool) {
         .filter(|i| only_on_disk(&via_a, &format!("first-{i}")))
         .collect();
     assert!(!evicted.is_empty(), "nothing was evicted from memory");
+    assert_batch_reads_from_disk(&via_a, &evicted);
     // A second node (joining now: while A filled up, new objects had to stay on A).
     let b = RealClientProcess::join(&master, "64MB", &[]);
     let via_b = dummy(&b);

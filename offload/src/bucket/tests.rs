@@ -376,3 +376,70 @@ mod foreign_bytes {
         }
     }
 }
+
+#[test]
+fn a_batch_read_several_at_a_time_answers_each_record_on_its_own() {
+    let dir = TempDir::new("batch-read");
+    let (mut store, _) = open(&dir, 1 << 30, EvictionPolicy::Fifo);
+    // 8 values of 256 KiB: 2 MiB in all, read by several threads.
+    let len = 256 << 10;
+    let names: Vec<String> = (0..8).map(|i| format!("big-{i}")).collect();
+    let values: Vec<Vec<u8>> = (0..8).map(|i| value(i, len)).collect();
+    let objects: Vec<(&str, &[u8])> = names
+        .iter()
+        .map(String::as_str)
+        .zip(values.iter().map(Vec::as_slice))
+        .collect();
+    let id = store.write_bucket(&objects).expect("write");
+    // One byte of the sixth value flipped on disk.
+    let record = (crate::record::HEADER_LEN + "big-0".len() + len) as u64;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.0.join(format!("{id}.bucket")))
+        .expect("open");
+    let at = 5 * record + record - 7;
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, at).expect("read");
+    file.write_all_at(&[byte[0] ^ 0x40], at).expect("write");
+
+    let plans: Vec<ReadPlan> = names
+        .iter()
+        .map(|key| store.locate(key).expect("stored"))
+        .collect();
+    // In the order written: one reader, the kernel's read-ahead ahead of it. In the
+    // reverse order: several readers.
+    let in_order: Vec<usize> = (0..8).collect();
+    let reversed: Vec<usize> = (0..8).rev().collect();
+    for order in [in_order, reversed] {
+        let ordered: Vec<ReadPlan> = order.iter().map(|i| plans[*i].clone()).collect();
+        let readers = crate::parallel_reads::readers_for(&ordered.iter().collect::<Vec<_>>());
+        let expected = if order[0] == 0 {
+            1
+        } else {
+            crate::parallel_reads::READERS
+        };
+        assert_eq!(readers, expected);
+        let mut dests = vec![0u8; 8 * len];
+        let read = crate::parallel_reads::read_plans(&ordered, dests.chunks_mut(len).collect());
+        for ((i, outcome), dest) in order.iter().zip(read).zip(dests.chunks(len)) {
+            if *i == 5 {
+                assert!(
+                    matches!(outcome, Err(StoreError::Corrupt(_))),
+                    "{outcome:?}"
+                );
+            } else {
+                assert!(
+                    matches!(outcome, Ok(n) if n == len as u64),
+                    "item {i}: {outcome:?}"
+                );
+                assert_eq!(dest, values[*i].as_slice(), "item {i}");
+            }
+        }
+    }
+    // Too few destinations: the plans left over are refused, not read.
+    let mut one = vec![0u8; len];
+    let read = crate::parallel_reads::read_plans(&plans[..2], vec![&mut one[..]]);
+    assert!(matches!(read[0], Ok(n) if n == len as u64), "{:?}", read[0]);
+    assert!(matches!(read[1], Err(StoreError::Invalid(_))));
+}

@@ -13,6 +13,8 @@
 //!   order; a peer that fails (`TRANSFER_FAIL`) passes the read to the next replica.
 //!   A batch asks the master once and pipelines the copies from each peer on one
 //!   connection; an item whose peer copy failed is read again replica by replica.
+//!   Its reads from this node's SSD tier run several at a time (an item whose disk
+//!   read failed answers that read's error, as a single read would).
 //! * **Nothing to release.** Leases end on their own; bounce and staging buffers are
 //!   returned when dropped.
 
@@ -130,8 +132,9 @@ impl Store {
 
     /// Copies each object into its destinations as
     /// [`get_scatter`](Self::get_scatter) does, with one master round trip for the
-    /// whole batch; the copies from each peer are pipelined on one connection. One
-    /// result (the object size) per item, in order.
+    /// whole batch; the copies from each peer are pipelined on one connection, and
+    /// those from this node's SSD tier read several at a time. One result (the object
+    /// size) per item, in order.
     pub async fn get_scatter_many(&self, items: &[(&str, Vec<Region>)]) -> Vec<CodeResult<u64>> {
         let keys: Vec<&str> = items.iter().map(|(key, _)| *key).collect();
         let located = self
@@ -144,15 +147,22 @@ impl Store {
             .map(|((_, dests), located)| self.plan_read(located?, |size| scatter(dests, size)))
             .collect();
         let copied_from_peers = self.read_from_peers(&planned);
+        let from_disk = self.read_from_local_disk(&keys, &planned, &copied_from_peers);
+        let mut done = copied_from_peers;
+        done.extend(from_disk.keys());
         let finish = |index: usize| {
             let planned = planned[index].as_ref().map_err(|code| *code)?;
-            // Not for a peer, or its peer failed: replica by replica.
-            if !copied_from_peers.contains(&index) {
-                self.copy_planned(&self.master.scope(items[index].0), planned)?;
+            match from_disk.get(&index) {
+                Some(read) => read.map(|_| ())?,
+                // Not for a peer or the disk, or its peer failed: replica by replica.
+                None if !done.contains(&index) => {
+                    self.copy_planned(&self.master.scope(items[index].0), planned)?;
+                }
+                None => {}
             }
             planned.finish()
         };
-        let Some((bytes, sources)) = self.local_host_sources(&planned, &copied_from_peers) else {
+        let Some((bytes, sources)) = self.local_host_sources(&planned, &done) else {
             return (0..items.len()).map(finish).collect();
         };
         // Plain memory copies from slices resolved here: nothing on the copy threads
@@ -173,13 +183,13 @@ impl Store {
     fn local_host_sources(
         &self,
         planned: &[CodeResult<PlannedRead>],
-        copied_from_peers: &HashSet<usize>,
+        done: &HashSet<usize>,
     ) -> Option<(u64, Vec<Option<MemSlice>>)> {
         let mut bytes = 0u64;
         let mut sources = Vec::with_capacity(planned.len());
         for (index, planned) in planned.iter().enumerate() {
             let planned = match planned {
-                Ok(planned) if !copied_from_peers.contains(&index) => planned,
+                Ok(planned) if !done.contains(&index) => planned,
                 _ => {
                     sources.push(None);
                     continue;
@@ -251,6 +261,52 @@ impl Store {
             }
         }
         copied
+    }
+
+    /// Reads, several at a time, every planned read (of `keys[i]`) not `copied` yet
+    /// whose first replica is on this node's SSD tier and whose single destination is
+    /// mapped here and holds the whole object; answers each such item's outcome by
+    /// index, except those that failed with `TRANSFER_FAIL` (left, with the others, to
+    /// [`copy_planned`](Self::copy_planned), which tries the next replica).
+    fn read_from_local_disk(
+        &self,
+        keys: &[&str],
+        planned: &[CodeResult<PlannedRead>],
+        copied: &HashSet<usize>,
+    ) -> BTreeMap<usize, CodeResult<u64>> {
+        let Some(disk) = self.disk.as_ref() else {
+            return BTreeMap::new();
+        };
+        let mut reads: Vec<(usize, String, &MemSlice)> = Vec::new();
+        for (index, (key, planned)) in keys.iter().zip(planned).enumerate() {
+            let Ok(planned) = planned else { continue };
+            let Some(replica) = planned.replicas.first() else {
+                continue;
+            };
+            let whole = match planned.pieces.as_slice() {
+                [(0, dest)] if dest.len() == replica.size => dest.mapped(),
+                _ => None,
+            };
+            if let (Some(dest), Ok(Place::LocalDisk), false) =
+                (whole, self.place(replica), copied.contains(&index))
+            {
+                reads.push((index, self.master.scope(key).into_owned(), dest));
+            }
+        }
+        if reads.len() < 2 {
+            return BTreeMap::new();
+        }
+        let items: Vec<(&str, &MemSlice)> = reads
+            .iter()
+            .map(|(_, key, dest)| (key.as_str(), *dest))
+            .collect();
+        let outcomes = transfer_blocking(|| disk.read_many_into(&items));
+        reads
+            .iter()
+            .zip(outcomes)
+            .filter(|(_, outcome)| *outcome != Err(ErrorCode::TRANSFER_FAIL))
+            .map(|((index, ..), outcome)| (*index, outcome))
+            .collect()
     }
 
     /// Copies from the replicas the master named.
