@@ -124,32 +124,46 @@ pub fn assert_batch_reads_from_disk(client: &DummyClient, indices: &[usize]) {
     for order in orders {
         let mut keys: Vec<String> = order.iter().map(|i| format!("first-{i}")).collect();
         keys.insert(keys.len() / 2, "never-stored".to_string());
-        let dests: Vec<u64> = keys
-            .iter()
-            .map(|_| client.alloc_from_mem_pool(1 << 20))
-            .collect();
-        let sizes = vec![1u64 << 20; keys.len()];
-        // SAFETY: each destination is a live pool block of 1 MiB owned by this caller
-        // and touched by nothing else during the call.
-        let results = unsafe { client.batch_get_into(&keys, &dests, &sizes) };
-        for ((key, result), dest) in keys.iter().zip(results).zip(&dests) {
+        let read = batch_get_into_pool(client, &keys);
+        for (key, (result, got)) in keys.iter().zip(read) {
             if key == "never-stored" {
                 assert_eq!(result, Err(ErrorCode::OBJECT_NOT_FOUND), "{key}");
                 continue;
             }
             assert_eq!(result, Ok(1 << 20), "{key}");
             let i: usize = key["first-".len()..].parse().expect("index");
-            // SAFETY: `dest` is a live pool block of 1 MiB owned by this caller.
-            let got = unsafe { std::slice::from_raw_parts(*dest as *const u8, 1 << 20) };
-            assert!(
-                got == value(i, 1 << 20).as_slice(),
-                "{key}: wrong bytes in a batch"
-            );
-        }
-        for dest in dests {
-            client.free_to_mem_pool(dest).expect("free");
+            assert!(got == value(i, 1 << 20), "{key}: wrong bytes in a batch");
         }
     }
+}
+
+/// One `batch_get_into` of `keys`, each into a 1 MiB block of the client's pool: each
+/// key's result and the block's bytes afterwards (the pool blocks are freed).
+pub fn batch_get_into_pool(
+    client: &DummyClient,
+    keys: &[String],
+) -> Vec<(Result<u64, ErrorCode>, Vec<u8>)> {
+    let dests: Vec<u64> = keys
+        .iter()
+        .map(|_| client.alloc_from_mem_pool(1 << 20))
+        .collect();
+    let sizes = vec![1u64 << 20; keys.len()];
+    // SAFETY: each destination is a live pool block of 1 MiB owned by this caller and
+    // touched by nothing else during the call.
+    let results = unsafe { client.batch_get_into(keys, &dests, &sizes) };
+    let read = results
+        .into_iter()
+        .zip(&dests)
+        .map(|(result, dest)| {
+            // SAFETY: `dest` is a live pool block of 1 MiB owned by this caller.
+            let bytes = unsafe { std::slice::from_raw_parts(*dest as *const u8, 1 << 20) };
+            (result, bytes.to_vec())
+        })
+        .collect();
+    for dest in dests {
+        client.free_to_mem_pool(dest).expect("free");
+    }
+    read
 }
 
 /// Asserts that `key` reads as `value(i, 1 MiB)` through each `(dummy, name)`.

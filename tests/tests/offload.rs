@@ -6,8 +6,8 @@ use std::time::Duration;
 use mooncake_dummy_client::{DummyClient, ErrorCode, ReplicateConfig};
 use mooncake_integration_tests::offload::{
     TempDir, assert_batch_reads_from_disk, assert_gone, assert_reads_into_pool,
-    assert_reads_through, comes_back, dummy, on_disk, only_on_disk, put_and_offload,
-    put_past_memory, value,
+    assert_reads_through, batch_get_into_pool, comes_back, dummy, on_disk, only_on_disk,
+    put_and_offload, put_past_memory, value,
 };
 use mooncake_integration_tests::{
     MasterProcess, RealClientProcess, eventually, free_tcp_port, http_get, sample,
@@ -198,6 +198,52 @@ fn a_damaged_bucket_loses_only_its_damaged_objects() {
     }
     assert!(damaged >= 1, "the damaged object was served");
     assert!(damaged < 4, "intact objects were lost");
+}
+
+/// A batched get of objects whose records on disk are damaged (found at read time),
+/// together with an object in memory: the damaged ones fail, the one in memory is
+/// read; none answers success with bytes that were never read.
+#[test]
+fn a_batch_of_damaged_disk_objects_and_one_in_memory_fails_only_the_damaged() {
+    let dir = TempDir::new("batch-damage");
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let node = disk_node_with(&master, "16MB", &dir, BUCKETS, false);
+    let client = dummy(&node);
+    put_past_memory(&client, &node);
+    let evicted: Vec<String> = (0..8)
+        .map(|i| format!("first-{i}"))
+        .filter(|key| only_on_disk(&client, key))
+        .collect();
+    assert!(evicted.len() >= 2, "fewer than two objects left memory");
+    let (in_memory, i) = (0..4)
+        .map(|i| (format!("more5-{i}"), i))
+        .find(|(key, _)| !only_on_disk(&client, key))
+        .expect("an object of the last wave in memory");
+    // One byte in every 64 KiB of every bucket file flipped, in place, while the node
+    // runs: every record on disk fails its check when read.
+    for entry in std::fs::read_dir(dir.path()).expect("list") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "bucket") {
+            let mut bytes = std::fs::read(&path).expect("read");
+            for at in (100..bytes.len()).step_by(64 << 10) {
+                bytes[at] ^= 0xFF;
+            }
+            std::fs::write(&path, bytes).expect("write");
+        }
+    }
+    let mut keys = evicted.clone();
+    keys.push(in_memory.clone());
+    let read = batch_get_into_pool(&client, &keys);
+    for (key, (result, _)) in evicted.iter().zip(&read) {
+        assert_eq!(
+            *result,
+            Err(ErrorCode::OBJECT_NOT_FOUND),
+            "{key}: damaged on disk"
+        );
+    }
+    let (result, got) = read.last().expect("one per key");
+    assert_eq!(*result, Ok(1 << 20), "{in_memory}");
+    assert!(*got == value(i, 1 << 20), "{in_memory}: wrong bytes");
 }
 
 fn dir_bytes(dir: &TempDir) -> u64 {
