@@ -150,11 +150,17 @@ impl Store {
         let from_disk = self.read_from_local_disk(&keys, &planned, &copied_from_peers);
         let mut done = copied_from_peers;
         done.extend(from_disk.keys());
-        // A disk read that failed answers its error on either path below.
-        let disk_read = |index: usize| from_disk.get(&index).map_or(Ok(()), |r| r.map(|_| ()));
-        let finish = |index: usize| {
+        // The item's plan, unless planning or its read from this node's disk failed:
+        // both paths below start here, so neither can answer success for a failed read.
+        let ready = |index: usize| {
             let planned = planned[index].as_ref().map_err(|code| *code)?;
-            disk_read(index)?;
+            if let Some(read) = from_disk.get(&index) {
+                read.map(|_| ())?;
+            }
+            Ok(planned)
+        };
+        let finish = |index: usize| {
+            let planned = ready(index)?;
             // Not for a peer or the disk, or its peer failed: replica by replica.
             if !done.contains(&index) {
                 self.copy_planned(&self.master.scope(items[index].0), planned)?;
@@ -167,8 +173,7 @@ impl Store {
         // Plain memory copies from slices resolved here: nothing on the copy threads
         // looks at the segment's state, a peer, a disk or a GPU.
         mooncake_shm::map_items(items.len(), bytes, |index| {
-            let planned = planned[index].as_ref().map_err(|code| *code)?;
-            disk_read(index)?;
+            let planned = ready(index)?;
             if let Some(source) = &sources[index] {
                 copy_local(source, &planned.pieces)?;
             }
