@@ -5,7 +5,9 @@
 //! write is compared with the faster of raw writes just before and just after it (this
 //! disk's speed drifts by several times within minutes); each backend reads its
 //! objects back in batches, as a batched get does, [`READ_PASSES`] times, alternating
-//! with raw reads into destinations as large as a batch (medians of each). Page-cache
+//! with raw reads into destinations as large as a batch (medians of each), and once
+//! more with records in order checked by the thread that read them (the schedule
+//! before reads and checks were pipelined), for comparison in the same run. Page-cache
 //! copies are dropped (`posix_fadvise(DONTNEED)`) before every read pass, so reads come
 //! from the device.
 
@@ -19,7 +21,7 @@ use mooncake_offload::backend::{Limits, StorageBackend};
 use mooncake_offload::config::{BackendKind, OffloadConfig};
 use mooncake_offload::factory::open_backend;
 use mooncake_offload::io::IoEngine;
-use mooncake_offload::parallel_reads::read_plans;
+use mooncake_offload::parallel_reads::{Schedule, read_plans_as, schedule_for};
 
 /// Bytes moved per measurement.
 const TOTAL: usize = 512 << 20;
@@ -165,6 +167,10 @@ struct Paired {
     raw_read: f64,
     /// The median of the backend's passes reading every object back.
     read: f64,
+    /// The same with every record checked on the thread that read it (records in
+    /// order: [`Schedule::InTurn`] instead of [`Schedule::Pipelined`]), passes
+    /// alternating with the others.
+    read_in_turn: f64,
 }
 
 /// Writes `TOTAL` bytes of `size`-byte objects through backend `kind`, then reads them
@@ -189,10 +195,13 @@ fn store(dir: &Path, raw: &Path, kind: BackendKind, size: usize, uring: bool) ->
     sequential_read(raw, size);
     let mut raw_reads = Vec::new();
     let mut reads = Vec::new();
+    let mut reads_in_turn = Vec::new();
     for _ in 0..READ_PASSES {
         raw_reads.push(sequential_read(raw, size));
         drop_dir_cache(&store_dir);
-        reads.push(read_objects(store.as_mut(), &objects).expect("read back"));
+        reads.push(read_objects(store.as_mut(), &objects, true).expect("read back"));
+        drop_dir_cache(&store_dir);
+        reads_in_turn.push(read_objects(store.as_mut(), &objects, false).expect("read back"));
     }
     drop(store);
     let _ = std::fs::remove_dir_all(&store_dir);
@@ -201,6 +210,7 @@ fn store(dir: &Path, raw: &Path, kind: BackendKind, size: usize, uring: bool) ->
         write,
         raw_read: median(raw_reads),
         read: median(reads),
+        read_in_turn: median(reads_in_turn),
     }
 }
 
@@ -243,9 +253,15 @@ pub fn write_objects(
 }
 
 /// Reads every object `written` back in batches of the size it was written in, as a
-/// batched get does (located, then read several at a time: [`read_plans`]), checking
-/// each (the check is not timed): GB/s.
-pub fn read_objects(store: &mut dyn StorageBackend, written: &Written) -> Result<f64, String> {
+/// batched get does (located, then read several at a time on the threads
+/// [`schedule_for`] gives; without `pipelined`, records in order are read and checked
+/// in turn by one thread, as before reads and checks were pipelined), checking each
+/// (the check is not timed): GB/s.
+pub fn read_objects(
+    store: &mut dyn StorageBackend,
+    written: &Written,
+    pipelined: bool,
+) -> Result<f64, String> {
     let size = written.size;
     let mut dests = Destinations::new(written.per_batch() * size);
     let mut reading = std::time::Duration::ZERO;
@@ -256,7 +272,15 @@ pub fn read_objects(store: &mut dyn StorageBackend, written: &Written) -> Result
             .map(|key| store.locate(key))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| e.to_string())?;
-        let read = read_plans(&plans, dests.bytes_mut().chunks_mut(size).collect());
+        let schedule = match schedule_for(&plans.iter().collect::<Vec<_>>()) {
+            Schedule::Pipelined { .. } if !pipelined => Schedule::InTurn,
+            schedule => schedule,
+        };
+        let read = read_plans_as(
+            &plans,
+            dests.bytes_mut().chunks_mut(size).collect(),
+            schedule,
+        );
         reading += started.elapsed();
         for ((key, outcome), (dest, value)) in chunk
             .iter()
@@ -406,6 +430,9 @@ pub fn run(repeats: usize, backends: &[String]) {
             rows.push(Row::new(format!(
                 "{name}: read {size} objects (cold, checked)"
             )));
+            rows.push(Row::new(format!(
+                "{name}: read {size} objects, in-order records checked by their reader"
+            )));
         }
     }
     let raw_path = dir.join("raw.bin");
@@ -421,6 +448,7 @@ pub fn run(repeats: usize, backends: &[String]) {
                 for (value, raw) in [
                     (paired.write, paired.raw_write),
                     (paired.read, paired.raw_read),
+                    (paired.read_in_turn, paired.raw_read),
                 ] {
                     if let Some(row) = row.next() {
                         row.values.push(value);
@@ -433,7 +461,7 @@ pub fn run(repeats: usize, backends: &[String]) {
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "\n## SSD tier ({} MiB per measurement, median of {repeats}, in {})\n\nEach backend write is compared with the faster of two raw sequential writes of 1 MiB blocks of the same disk, one just before and one just after it; each backend's reads ({READ_PASSES} passes over its objects, median) with raw sequential reads in blocks of the objects' size alternating with them (median). The ratio is the median of the per-round ratios; the raw rows are medians of those references.\n\n| measurement | GB/s | of raw |\n|---|---|---|",
+        "\n## SSD tier ({} MiB per measurement, median of {repeats}, in {})\n\nEach backend write is compared with the faster of two raw sequential writes of 1 MiB blocks of the same disk, one just before and one just after it; each backend's reads ({READ_PASSES} passes over its objects, median) with raw sequential reads in blocks of the objects' size alternating with them (median); the rows \"in-order records checked by their reader\" read the same objects in passes alternating with those, records that lie in order read and checked in turn by one thread instead of checked by a second thread while the next is read. The ratio is the median of the per-round ratios; the raw rows are medians of those references.\n\n| measurement | GB/s | of raw |\n|---|---|---|",
         TOTAL >> 20,
         dir.parent()
             .map_or_else(String::new, |p| p.display().to_string())

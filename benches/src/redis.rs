@@ -60,7 +60,7 @@ fn backend(port: u16, size: usize, round: usize) -> Result<(f64, f64), String> {
     let (mut store, _) =
         open_backend(&config, Limits::bytes(2 * TOTAL as u64), io).map_err(|e| e.to_string())?;
     let measured = write_objects(store.as_mut(), size, TOTAL)
-        .and_then(|(write, written)| Ok((write, read_objects(store.as_mut(), &written)?)));
+        .and_then(|(write, written)| Ok((write, read_objects(store.as_mut(), &written, true)?)));
     store.remove_all();
     measured
 }

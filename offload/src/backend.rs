@@ -310,6 +310,17 @@ enum Source {
     },
 }
 
+/// What [`ReadPlan::read_unchecked`] read besides the value, for
+/// [`ReadPlan::finish_read`] to check.
+#[derive(Debug)]
+pub enum UncheckedRead {
+    /// The record's header and key, read from a file: not checked yet.
+    Head(Vec<u8>),
+    /// A record from a store outside this machine, already checked: the value's
+    /// length.
+    Checked(u64),
+}
+
 impl ReadPlan {
     /// The record of `key` (value of `value_len` bytes) at `offset` of `path`; `pin`
     /// keeps its space from being reused while the plan lives.
@@ -402,62 +413,99 @@ impl ReadPlan {
     /// checksum; returns the value's length. The header and key go to a small buffer
     /// and the value straight into `dest`, in one read.
     pub fn read_into(&self, dest: &mut [u8]) -> Result<u64, StoreError> {
-        let need = self.value_len;
-        if (dest.len() as u64) < need {
-            return Err(StoreError::BufferTooSmall {
-                need,
-                have: dest.len() as u64,
-            });
+        let read = self.read_unchecked(dest)?;
+        self.finish_read(read, dest)
+    }
+
+    /// The first half of [`read_into`](Self::read_into): reads the value into the
+    /// start of `dest` and the header and key beside it, without checking them. The
+    /// read is worth nothing until [`finish_read`](Self::finish_read) has checked it
+    /// (possibly on another thread, while this one reads the next record).
+    pub fn read_unchecked(&self, dest: &mut [u8]) -> Result<UncheckedRead, StoreError> {
+        let value = self.value_in(dest)?;
+        if let Source::Store { source, store_key } = &self.source {
+            return self
+                .read_from_store(source.as_ref(), store_key, value)
+                .map(UncheckedRead::Checked);
         }
-        let value = &mut dest[..usize::try_from(need).unwrap_or(usize::MAX)];
-        let (path, offset, io, open) = match &self.source {
-            Source::File {
-                path,
-                offset,
-                io,
-                open,
-                ..
-            } => (path, *offset, io, open),
-            Source::Store { source, store_key } => {
-                return self.read_from_store(source.as_ref(), store_key, value);
-            }
+        self.with_file(|file, path, offset, io| {
+            let mut head = vec![0u8; HEADER_LEN + self.key.len()];
+            let mut parts = [IoSliceMut::new(&mut head), IoSliceMut::new(value)];
+            io.read_gathered(file, &mut parts, offset)
+                .map_err(|error| read_failed(path, error))?;
+            Ok(UncheckedRead::Head(head))
+        })
+    }
+
+    /// The second half of [`read_into`](Self::read_into): checks what
+    /// [`read_unchecked`](Self::read_unchecked) read into `dest` (the same
+    /// destination); returns the value's length.
+    pub fn finish_read(&self, read: UncheckedRead, dest: &mut [u8]) -> Result<u64, StoreError> {
+        let head = match read {
+            UncheckedRead::Checked(len) => return Ok(len),
+            UncheckedRead::Head(head) => head,
         };
-        let opened;
-        let file = match open {
-            Some(file) => file.as_ref(),
-            None => {
-                opened = File::open(path).map_err(|_| StoreError::NotFound)?;
-                &opened
-            }
-        };
-        let mut head = vec![0u8; HEADER_LEN + self.key.len()];
-        let mut parts = [IoSliceMut::new(&mut head), IoSliceMut::new(value)];
-        io.read_gathered(file, &mut parts, offset)
-            .map_err(|error| read_failed(path, error))?;
+        let value = self.value_in(dest)?;
         match self.check(&head, value) {
-            Err(StoreError::Corrupt(_)) => self.recheck(file, path, offset, io, value),
+            Err(StoreError::Corrupt(_)) => self.recheck(value),
             checked => checked,
         }
     }
 
-    /// Reads a record that failed its check again, into a private buffer: `dest` may
+    /// The first [`len`](Self::len) bytes of `dest`, where the value is read to.
+    fn value_in<'d>(&self, dest: &'d mut [u8]) -> Result<&'d mut [u8], StoreError> {
+        let have = dest.len() as u64;
+        usize::try_from(self.value_len)
+            .ok()
+            .and_then(|need| dest.get_mut(..need))
+            .ok_or(StoreError::BufferTooSmall {
+                need: self.value_len,
+                have,
+            })
+    }
+
+    /// Reads a record that failed its check again, into a private buffer: `value` may
     /// be memory another process changed meanwhile, which must not get an intact
     /// record dropped. Copies the value to `value` when the record is intact.
-    fn recheck(
-        &self,
-        file: &File,
-        path: &Path,
-        offset: u64,
-        io: &IoEngine,
-        value: &mut [u8],
-    ) -> Result<u64, StoreError> {
-        let mut record = vec![0u8; HEADER_LEN + self.key.len() + value.len()];
-        io.read_gathered(file, &mut [IoSliceMut::new(&mut record)], offset)
-            .map_err(|error| read_failed(path, error))?;
-        let (head, body) = record.split_at(HEADER_LEN + self.key.len());
+    fn recheck(&self, value: &mut [u8]) -> Result<u64, StoreError> {
+        let body_at = HEADER_LEN + self.key.len();
+        let mut record = vec![0u8; body_at + value.len()];
+        self.with_file(|file, path, offset, io| {
+            io.read_gathered(file, &mut [IoSliceMut::new(&mut record)], offset)
+                .map_err(|error| read_failed(path, error))
+        })?;
+        let (head, body) = record.split_at(body_at);
         self.check(head, body)?;
         value.copy_from_slice(body);
         Ok(self.value_len)
+    }
+
+    /// Runs `read` on the record's file (the one the plan holds open, else opened now;
+    /// gone: `NotFound`), with its path, the record's offset and the I/O engine. A
+    /// record outside this machine has no file: `Invalid`.
+    fn with_file<R>(
+        &self,
+        read: impl FnOnce(&File, &Path, u64, &IoEngine) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        let Source::File {
+            path,
+            offset,
+            io,
+            open,
+            ..
+        } = &self.source
+        else {
+            return Err(StoreError::Invalid(
+                "a record outside this machine has no file".into(),
+            ));
+        };
+        match open {
+            Some(file) => read(file, path, *offset, io),
+            None => {
+                let file = File::open(path).map_err(|_| StoreError::NotFound)?;
+                read(&file, path, *offset, io)
+            }
+        }
     }
 
     /// Reads the record from a store outside this machine and checks it: header and

@@ -17,12 +17,12 @@ use parking_lot::Mutex;
 use mooncake_core::error::{CodeResult, ErrorCode};
 use mooncake_core::logging::{EVICTION_TARGET, monotonic_us};
 use mooncake_offload::backend::{
-    Eviction, Limits, ReadPlan, RecoveryReport, StorageBackend, StoreError,
+    Eviction, Limits, ReadPlan, RecoveryReport, StorageBackend, StoreError, UncheckedRead,
 };
 use mooncake_offload::config::{BackendKind, OffloadConfig, validate_path};
 use mooncake_offload::factory::open_backend;
 use mooncake_offload::io::IoEngine;
-use mooncake_offload::parallel_reads::{map_reads, readers_for};
+use mooncake_offload::parallel_reads::{map_checked_reads, schedule_for};
 
 use crate::disk_staging::{StagedBytes, StagingPool};
 use crate::master_link::MasterLink;
@@ -149,7 +149,21 @@ impl DiskTier {
 
     /// Reads `key`'s record through `plan` as [`read_into`](Self::read_into) does.
     fn read_plan_into(&self, key: &str, plan: &ReadPlan, dest: &mut [u8]) -> CodeResult<u64> {
-        match plan.read_into(dest) {
+        let read = plan.read_unchecked(dest);
+        self.finish_plan_read(key, plan, read, dest)
+    }
+
+    /// Checks what `plan` read into `dest` ([`ReadPlan::read_unchecked`]): a record
+    /// that fails there is read again into private memory (see
+    /// [`read_into`](Self::read_into)) and dropped when it fails there too.
+    fn finish_plan_read(
+        &self,
+        key: &str,
+        plan: &ReadPlan,
+        read: Result<UncheckedRead, StoreError>,
+        dest: &mut [u8],
+    ) -> CodeResult<u64> {
+        match read.and_then(|read| plan.finish_read(read, dest)) {
             Err(StoreError::Corrupt(_)) => {
                 let mut private = self.staging.lease(plan.len())?;
                 let len = plan
@@ -167,9 +181,10 @@ impl DiskTier {
     }
 
     /// Reads each `(key, destination)` as [`read_into`](Self::read_into) does, every
-    /// key located under one lock, the records read on as many threads as
-    /// [`readers_for`] gives the batch (one for records in the order they lie on
-    /// disk); answers each value's length or error, in order.
+    /// key located under one lock, the records read and checked on the threads
+    /// [`schedule_for`] gives the batch (records in the order they lie on disk: read
+    /// in turn, each checked by a helper while the next is read); answers each
+    /// value's length or error, in order.
     pub fn read_many_into(&self, items: &[(&str, &MemSlice)]) -> Vec<CodeResult<u64>> {
         let plans: Vec<CodeResult<ReadPlan>> = {
             let mut store = self.store.lock();
@@ -179,11 +194,20 @@ impl DiskTier {
                 .collect()
         };
         let located: Vec<&ReadPlan> = plans.iter().filter_map(|p| p.as_ref().ok()).collect();
-        map_reads(items.len(), readers_for(&located), |index| {
-            let (key, dest) = items[index];
-            let plan = plans[index].as_ref().map_err(|code| *code)?;
-            dest.fill_with(|bytes| self.read_plan_into(key, plan, bytes))
-        })
+        map_checked_reads(
+            items.len(),
+            schedule_for(&located),
+            |index| {
+                let plan = plans[index].as_ref().map_err(|code| *code)?;
+                Ok(items[index].1.fill_with(|bytes| plan.read_unchecked(bytes)))
+            },
+            |index, read: CodeResult<Result<UncheckedRead, StoreError>>| {
+                let (key, dest) = items[index];
+                let plan = plans[index].as_ref().map_err(|code| *code)?;
+                let read = read?;
+                dest.fill_with(|bytes| self.finish_plan_read(key, plan, read, bytes))
+            },
+        )
     }
 
     /// Reads `key`'s value into a block of the staging buffer, leased until the

@@ -407,20 +407,21 @@ fn a_batch_read_several_at_a_time_answers_each_record_on_its_own() {
         .iter()
         .map(|key| store.locate(key).expect("stored"))
         .collect();
-    // In the order written: one reader, the kernel's read-ahead ahead of it. In the
-    // reverse order: several readers.
+    // In the order written: read by one thread, the kernel's read-ahead ahead of it,
+    // checked by another. In the reverse order: several readers. Under
+    // `PARALLEL_BYTES`: the caller alone.
+    use crate::parallel_reads::{READERS, Schedule, schedule_for};
     let in_order: Vec<usize> = (0..8).collect();
     let reversed: Vec<usize> = (0..8).rev().collect();
-    for order in [in_order, reversed] {
+    let few: Vec<usize> = vec![6, 5, 3];
+    for (order, expected) in [
+        (in_order, Schedule::Pipelined { per_handoff: 4 }),
+        (reversed, Schedule::Parallel(READERS)),
+        (few, Schedule::InTurn),
+    ] {
         let ordered: Vec<ReadPlan> = order.iter().map(|i| plans[*i].clone()).collect();
-        let readers = crate::parallel_reads::readers_for(&ordered.iter().collect::<Vec<_>>());
-        let expected = if order[0] == 0 {
-            1
-        } else {
-            crate::parallel_reads::READERS
-        };
-        assert_eq!(readers, expected);
-        let mut dests = vec![0u8; 8 * len];
+        assert_eq!(schedule_for(&ordered.iter().collect::<Vec<_>>()), expected);
+        let mut dests = vec![0u8; order.len() * len];
         let read = crate::parallel_reads::read_plans(&ordered, dests.chunks_mut(len).collect());
         for ((i, outcome), dest) in order.iter().zip(read).zip(dests.chunks(len)) {
             if *i == 5 {
