@@ -490,6 +490,90 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Writes `count` objects of `len` bytes as one bucket into `disk`: their keys and
+    /// values.
+    fn write_one_bucket(disk: &DiskTier, count: usize, len: usize) -> Vec<(String, Vec<u8>)> {
+        let stored: Vec<(String, Vec<u8>)> = (0..count)
+            .map(|i| {
+                let value = (0..len)
+                    .map(|j| (j * 7 + i * 13).to_le_bytes()[0])
+                    .collect();
+                (format!("object-{i}"), value)
+            })
+            .collect();
+        let objects: Vec<(&str, &[u8])> = stored
+            .iter()
+            .map(|(key, value)| (key.as_str(), value.as_slice()))
+            .collect();
+        let eviction = disk.store.lock().make_room(&objects).expect("room");
+        let lease_ends = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        disk.finish_and_write(eviction, &objects, lease_ends)
+            .expect("written");
+        stored
+    }
+
+    #[test]
+    fn a_batch_read_in_order_and_checked_beside_answers_each_object_on_its_own() {
+        let dir = std::env::temp_dir().join(format!("mooncake-disk-piped-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let disk = tier(&dir);
+        // 6 values of 512 KiB in one bucket, read back in order: a pipelined batch.
+        let len = 512 << 10;
+        let stored = write_one_bucket(&disk, 6, len);
+        let plans: Vec<ReadPlan> = stored
+            .iter()
+            .map(|(key, _)| disk.store.lock().locate(key).expect("stored"))
+            .collect();
+        assert!(matches!(
+            schedule_for(&plans.iter().collect::<Vec<_>>()),
+            mooncake_offload::parallel_reads::Schedule::Pipelined { .. }
+        ));
+        // One byte of the fourth value flipped on disk.
+        let bucket = std::fs::read_dir(&dir)
+            .expect("dir")
+            .flatten()
+            .map(|entry| entry.path())
+            .find(|path| path.extension().is_some_and(|ext| ext == "bucket"))
+            .expect("a bucket file");
+        let record = (mooncake_offload::record::HEADER_LEN + "object-0".len() + len) as u64;
+        let at = 3 * record + record - 100;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&bucket)
+            .expect("open");
+        let mut byte = [0u8];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut byte, at).expect("read");
+        std::os::unix::fs::FileExt::write_all_at(&file, &[byte[0] ^ 1], at).expect("write");
+
+        let memory = Arc::new(
+            SharedMemory::create("piped", (6 * len) as u64, PageSize::Normal).expect("memfd"),
+        );
+        let dests: Vec<MemSlice> = (0..6u64)
+            .map(|i| memory.slice(i * len as u64, len as u64).expect("slice"))
+            .collect();
+        let items: Vec<(&str, &MemSlice)> = stored
+            .iter()
+            .map(|(key, _)| key.as_str())
+            .zip(&dests)
+            .collect();
+        let read = disk.read_many_into(&items);
+        for (i, ((key, value), outcome)) in stored.iter().zip(&read).enumerate() {
+            if i == 3 {
+                assert_eq!(*outcome, Err(ErrorCode::OBJECT_NOT_FOUND), "{key}");
+                continue;
+            }
+            assert_eq!(*outcome, Ok(len as u64), "{key}");
+            // SAFETY: nobody writes the memory meanwhile.
+            let landed = unsafe { dests[i].as_bytes() };
+            assert_eq!(landed, value.as_slice(), "{key}");
+        }
+        let left: Vec<String> = disk.objects().into_iter().map(|(key, _)| key).collect();
+        assert_eq!(left.len(), 5, "the damaged object was dropped: {left:?}");
+        assert!(!left.contains(&"object-3".to_string()));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_destination_changed_during_the_read_does_not_get_a_healthy_object_dropped() {
         let dir =
