@@ -311,9 +311,14 @@ enum Source {
 }
 
 /// What [`ReadPlan::read_unchecked`] read besides the value, for
-/// [`ReadPlan::finish_read`] to check.
+/// [`ReadPlan::finish_read`] to check: made only by `read_unchecked`.
 #[derive(Debug)]
-pub enum UncheckedRead {
+#[must_use = "the value read is unchecked until `finish_read` has checked it"]
+pub struct UncheckedRead(Unchecked);
+
+/// What an [`UncheckedRead`] holds.
+#[derive(Debug)]
+enum Unchecked {
     /// The record's header and key, read from a file: not checked yet.
     Head(Vec<u8>),
     /// A record from a store outside this machine, already checked: the value's
@@ -426,14 +431,14 @@ impl ReadPlan {
         if let Source::Store { source, store_key } = &self.source {
             return self
                 .read_from_store(source.as_ref(), store_key, value)
-                .map(UncheckedRead::Checked);
+                .map(|len| UncheckedRead(Unchecked::Checked(len)));
         }
         self.with_file(|file, path, offset, io| {
             let mut head = vec![0u8; HEADER_LEN + self.key.len()];
             let mut parts = [IoSliceMut::new(&mut head), IoSliceMut::new(value)];
             io.read_gathered(file, &mut parts, offset)
                 .map_err(|error| read_failed(path, error))?;
-            Ok(UncheckedRead::Head(head))
+            Ok(UncheckedRead(Unchecked::Head(head)))
         })
     }
 
@@ -441,9 +446,9 @@ impl ReadPlan {
     /// [`read_unchecked`](Self::read_unchecked) read into `dest` (the same
     /// destination); returns the value's length.
     pub fn finish_read(&self, read: UncheckedRead, dest: &mut [u8]) -> Result<u64, StoreError> {
-        let head = match read {
-            UncheckedRead::Checked(len) => return Ok(len),
-            UncheckedRead::Head(head) => head,
+        let head = match read.0 {
+            Unchecked::Checked(len) => return Ok(len),
+            Unchecked::Head(head) => head,
         };
         let value = self.value_in(dest)?;
         match self.check(&head, value) {
@@ -466,7 +471,9 @@ impl ReadPlan {
 
     /// Reads a record that failed its check again, into a private buffer: `value` may
     /// be memory another process changed meanwhile, which must not get an intact
-    /// record dropped. Copies the value to `value` when the record is intact.
+    /// record dropped. Copies the value to `value` when the record is intact. A plan
+    /// without an open file opens it again by path: a file deleted since the first
+    /// read answers `NotFound` (the object is gone either way).
     fn recheck(&self, value: &mut [u8]) -> Result<u64, StoreError> {
         let body_at = HEADER_LEN + self.key.len();
         let mut record = vec![0u8; body_at + value.len()];

@@ -4,9 +4,10 @@
 //! written) are read in order on the caller's thread: the page cache's read-ahead
 //! already keeps the device busy ahead of it, and a second thread interleaving with
 //! the first measured no faster, at times slower. What a second thread does take over
-//! is the checking: while the caller reads the next record, a helper computes the
-//! checksum of the one before ([`Schedule::Pipelined`]), so that the reads follow
-//! each other as closely as a plain sequential read's.
+//! is the checking: the caller hands the records it has read over about 1 MiB at a
+//! time to one helper, which checks their keys and checksums while the caller reads
+//! on ([`Schedule::Pipelined`]), so that the reads follow each other as closely as a
+//! plain sequential read's.
 //!
 //! Scattered records (other files, other places of a file) each wait for the device
 //! on their own, so a batch of them is read by up to [`READERS`] threads (the caller
@@ -14,8 +15,8 @@
 //! reading and checking it: random 64 KiB reads measured 2.2-2.6 times faster with
 //! four threads than with one.
 //!
-//! Batches moving less than [`PARALLEL_BYTES`] are read and checked on the caller's
-//! thread alone. Each step (a read, a check) runs on one thread from start to end, so
+//! Batches moving less than [`PARALLEL_BYTES`], and batches in order too small for
+//! two hand-offs, are read and checked on the caller's thread alone. Each step (a read, a check) runs on one thread from start to end, so
 //! whatever a step sets up around itself (a guard over shared memory, a lock) stays
 //! on that thread.
 
@@ -37,9 +38,9 @@ pub const PARALLEL_BYTES: u64 = 1 << 20;
 /// than without it.
 pub const HANDOFF_BYTES: u64 = 1 << 20;
 
-/// Hand-offs a pipelined read runs ahead of its checker at most (the values lie in
-/// their destinations meanwhile; this bounds only the queue of headers between the
-/// two threads).
+/// Hand-offs queued between a pipelined read and its checker at most (besides the one
+/// being checked and the one being filled): the values lie in their destinations
+/// meanwhile, so this bounds only the headers held between the two threads.
 const PIPELINE_DEPTH: usize = 16;
 
 /// How the reads of one batch are spread over threads ([`schedule_for`]).
@@ -58,9 +59,11 @@ pub enum Schedule {
 }
 
 /// The schedule for `plans`: [`InTurn`](Schedule::InTurn) for fewer than two
-/// records or less than [`PARALLEL_BYTES`]; [`Pipelined`](Schedule::Pipelined) when
-/// each record follows the one before it in the same file (see
-/// [`ReadPlan::follows`]), handing over about [`HANDOFF_BYTES`] at a time; else [`Parallel`](Schedule::Parallel) with up to
+/// records or less than [`PARALLEL_BYTES`]; when each record follows the one before
+/// it in the same file (see [`ReadPlan::follows`]),
+/// [`Pipelined`](Schedule::Pipelined) with hand-offs of about [`HANDOFF_BYTES`] if
+/// the batch makes at least two (else `InTurn`: a single hand-off would be checked
+/// only after the last read); else [`Parallel`](Schedule::Parallel) with up to
 /// [`READERS`] threads.
 pub fn schedule_for(plans: &[&ReadPlan]) -> Schedule {
     let bytes = plans
@@ -72,10 +75,12 @@ pub fn schedule_for(plans: &[&ReadPlan]) -> Schedule {
     }
     if plans.windows(2).all(|pair| pair[1].follows(pair[0])) {
         let average = bytes / plans.len() as u64;
-        let per_handoff = HANDOFF_BYTES.div_ceil(average.max(1));
-        return Schedule::Pipelined {
-            per_handoff: usize::try_from(per_handoff).unwrap_or(usize::MAX),
-        };
+        let per_handoff =
+            usize::try_from(HANDOFF_BYTES.div_ceil(average.max(1))).unwrap_or(usize::MAX);
+        if plans.len() / 2 < per_handoff {
+            return Schedule::InTurn;
+        }
+        return Schedule::Pipelined { per_handoff };
     }
     Schedule::Parallel(plans.len().min(READERS))
 }
@@ -104,9 +109,12 @@ fn pipelined<A: Send, T: Send>(
     read: &(impl Fn(usize) -> A + Sync),
     finish: &(impl Fn(usize, A) -> T + Sync),
 ) -> Vec<T> {
-    let per_handoff = per_handoff.max(1);
-    let (handoffs, queue) = std::sync::mpsc::sync_channel::<Vec<(usize, A)>>(PIPELINE_DEPTH);
+    let per_handoff = per_handoff.clamp(1, count.max(1));
     std::thread::scope(|scope| {
+        // Made inside the scope and moved into its closures: whichever side ends
+        // first (or panics) drops its end, which ends the other's loop, so the
+        // scope never waits on a blocked thread.
+        let (handoffs, queue) = std::sync::mpsc::sync_channel::<Vec<(usize, A)>>(PIPELINE_DEPTH);
         let checker = std::thread::Builder::new()
             .name("ssd-checker".into())
             .spawn_scoped(scope, move || {

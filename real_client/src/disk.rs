@@ -184,7 +184,10 @@ impl DiskTier {
     /// key located under one lock, the records read and checked on the threads
     /// [`schedule_for`] gives the batch (records in the order they lie on disk: read
     /// in turn, each checked by a helper while the next is read); answers each
-    /// value's length or error, in order.
+    /// value's length or error, in order. Destinations that overlap (the caller's
+    /// choice) end up holding one of the values written there, as with several
+    /// readers; no record is dropped for it, since a failed check is read again into
+    /// private memory first.
     pub fn read_many_into(&self, items: &[(&str, &MemSlice)]) -> Vec<CodeResult<u64>> {
         let plans: Vec<CodeResult<ReadPlan>> = {
             let mut store = self.store.lock();

@@ -408,7 +408,8 @@ fn a_batch_read_several_at_a_time_answers_each_record_on_its_own() {
         .map(|key| store.locate(key).expect("stored"))
         .collect();
     // In the order written: read by one thread, the kernel's read-ahead ahead of it,
-    // checked by another. In the reverse order: several readers. Under
+    // checked by another (in hand-offs of 4 records; 6 records make fewer than two,
+    // checked by the reader). In the reverse order: several readers. Under
     // `PARALLEL_BYTES`: the caller alone.
     use crate::parallel_reads::{READERS, Schedule, schedule_for};
     let in_order: Vec<usize> = (0..8).collect();
@@ -416,6 +417,7 @@ fn a_batch_read_several_at_a_time_answers_each_record_on_its_own() {
     let few: Vec<usize> = vec![6, 5, 3];
     for (order, expected) in [
         (in_order, Schedule::Pipelined { per_handoff: 4 }),
+        ((0..6).collect(), Schedule::InTurn),
         (reversed, Schedule::Parallel(READERS)),
         (few, Schedule::InTurn),
     ] {
