@@ -2,12 +2,15 @@
 //! sequential write (with `fdatasync`) and reads (1 MiB and 64 KiB) of a plain file,
 //! random 64 KiB reads,
 //! and each backend writing and reading back 64 KiB and 1 MiB objects. Each backend
-//! write is compared with the faster of raw writes just before and just after it (this
-//! disk's speed drifts by several times within minutes); each backend reads its
+//! writes its objects [`WRITE_PASSES`] times into a fresh store, each write compared
+//! with the faster of raw writes just before and just after it (this disk's speed
+//! drifts by several times within minutes; medians of each), the filesystem flushed
+//! before every write, untimed (blocks freed by the step before are discarded then,
+//! not during the measurement); each backend reads its
 //! objects back in batches, as a batched get does, [`READ_PASSES`] times, alternating
 //! with raw reads into destinations as large as a batch (medians of each), and once
-//! more with records in order checked by the thread that read them (the schedule
-//! before reads and checks were pipelined), for comparison in the same run. Page-cache
+//! more without telling the kernel which records come next (no read-ahead hints,
+//! see `mooncake_offload::read_ahead`), for comparison in the same run. Page-cache
 //! copies are dropped (`posix_fadvise(DONTNEED)`) before every read pass, so reads come
 //! from the device.
 
@@ -21,7 +24,7 @@ use mooncake_offload::backend::{Limits, StorageBackend};
 use mooncake_offload::config::{BackendKind, OffloadConfig};
 use mooncake_offload::factory::open_backend;
 use mooncake_offload::io::IoEngine;
-use mooncake_offload::parallel_reads::{Schedule, read_plans_as, schedule_for};
+use mooncake_offload::parallel_reads::{read_plans_as, schedule_for};
 
 /// Bytes moved per measurement.
 const TOTAL: usize = 512 << 20;
@@ -64,9 +67,23 @@ fn pattern(len: usize, seed: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Writes `TOTAL` bytes to `path` in 1 MiB blocks, then `fdatasync`: GB/s.
+/// Flushes the filesystem holding `dir` (`syncfs`), outside any timing: blocks freed
+/// by an earlier step are discarded then (the filesystem may be mounted with
+/// `discard`) and its dirty pages written, rather than during the next measurement.
+fn settle(dir: &Path) {
+    if let Ok(handle) = File::open(dir) {
+        let _ = IoEngine::new(false).sync_filesystem(&handle);
+    }
+}
+
+/// Writes `TOTAL` bytes to a new file at `path` (the old one removed and the
+/// filesystem settled first, untimed) in 1 MiB blocks, then `fdatasync`: GB/s.
 fn raw_write(path: &Path) -> f64 {
     let block = pattern(1 << 20, 1);
+    let _ = std::fs::remove_file(path);
+    if let Some(dir) = path.parent() {
+        settle(dir);
+    }
     let started = Instant::now();
     let mut file = File::create(path).expect("create raw file");
     for _ in 0..TOTAL >> 20 {
@@ -158,54 +175,72 @@ const READ_PASSES: usize = 5;
 
 /// One backend's figures and the raw figures measured around them, in GB/s.
 struct Paired {
-    /// The faster of the raw writes just before and just after the backend's write.
+    /// The median over the write passes of the faster of the raw writes just before
+    /// and just after the backend's write.
     raw_write: f64,
-    /// The backend writing the objects.
+    /// The median of the backend's write passes.
     write: f64,
     /// The median of the raw reads (in blocks of the objects' size) alternating with
     /// the backend's read passes.
     raw_read: f64,
     /// The median of the backend's passes reading every object back.
     read: f64,
-    /// The same with every record checked on the thread that read it (records in
-    /// order: [`Schedule::InTurn`] instead of [`Schedule::Pipelined`]), passes
-    /// alternating with the others.
-    read_in_turn: f64,
+    /// The same without read-ahead hints, passes alternating with the others.
+    read_unhinted: f64,
 }
 
-/// Writes `TOTAL` bytes of `size`-byte objects through backend `kind`, then reads them
-/// all back (cold, checking every value) [`READ_PASSES`] times. The raw file `raw` is
-/// written right before and right after the backend writes (the reference is the
-/// faster of the two, taken moments apart on a disk whose speed drifts), and read
-/// before each read pass, after one read that is not counted (so that every read,
-/// raw or not, follows a read): the read figures are the medians of each series.
+/// Backend writes per backend and object size, each between raw writes.
+const WRITE_PASSES: usize = 3;
+
+/// Writes `TOTAL` bytes of `size`-byte objects through backend `kind` into a fresh
+/// store [`WRITE_PASSES`] times, each between two raw writes of the file `raw` (the
+/// pass's reference is the faster of the two, taken moments apart on a disk whose
+/// speed drifts; the write figures are the medians), the filesystem settled before
+/// each. Then reads the last store's objects back (cold, checking every value)
+/// [`READ_PASSES`] times with and without read-ahead hints, and `raw` before each
+/// pair, after one read that is not counted (so that every read, raw or not, follows
+/// a read): the read figures are the medians of each series.
 fn store(dir: &Path, raw: &Path, kind: BackendKind, size: usize, uring: bool) -> Paired {
     let store_dir = dir.join(format!("store-{size}"));
-    let _ = std::fs::remove_dir_all(&store_dir);
-    std::fs::create_dir_all(&store_dir).expect("mkdir");
     let io = std::sync::Arc::new(IoEngine::new(uring));
     let mut config = OffloadConfig::from_lookup(&|_| None).expect("default settings");
     config.backend = kind;
     config.path.clone_from(&store_dir);
     let limits = Limits::bytes(2 * TOTAL as u64);
-    let (mut store, _) = open_backend(&config, limits, io).expect("open store");
-    let raw_before = raw_write(raw);
-    let (write, objects) = write_objects(store.as_mut(), size, TOTAL).expect("write");
-    let raw_after = raw_write(raw);
+    let mut writes = Vec::new();
+    let mut raw_writes = Vec::new();
+    let mut raw_before = raw_write(raw);
+    let mut written = None;
+    for _ in 0..WRITE_PASSES {
+        drop(written.take());
+        let _ = std::fs::remove_dir_all(&store_dir);
+        std::fs::create_dir_all(&store_dir).expect("mkdir");
+        let (mut store, _) =
+            open_backend(&config, limits, std::sync::Arc::clone(&io)).expect("open store");
+        settle(dir);
+        let (write, objects) = write_objects(store.as_mut(), size, TOTAL).expect("write");
+        let raw_after = raw_write(raw);
+        writes.push(write);
+        raw_writes.push(raw_before.max(raw_after));
+        raw_before = raw_after;
+        written = Some((store, objects));
+    }
+    let (mut store, objects) = written.expect("at least one write pass");
     sequential_read(raw, size);
     let mut raw_reads = Vec::new();
     let mut reads = Vec::new();
-    let mut reads_in_turn = Vec::new();
+    let mut reads_unhinted = Vec::new();
     for pass in 0..READ_PASSES {
         raw_reads.push(sequential_read(raw, size));
-        // The two schedules take turns going first: this disk drifts within seconds.
-        for pipelined in [pass % 2 == 0, pass % 2 == 1] {
+        // Reads with and without hints take turns going first: this disk drifts
+        // within seconds.
+        for hints in [pass % 2 == 0, pass % 2 == 1] {
             drop_dir_cache(&store_dir);
-            let read = read_objects(store.as_mut(), &objects, pipelined).expect("read back");
-            if pipelined {
+            let read = read_objects(store.as_mut(), &objects, hints).expect("read back");
+            if hints {
                 &mut reads
             } else {
-                &mut reads_in_turn
+                &mut reads_unhinted
             }
             .push(read);
         }
@@ -213,11 +248,11 @@ fn store(dir: &Path, raw: &Path, kind: BackendKind, size: usize, uring: bool) ->
     drop(store);
     let _ = std::fs::remove_dir_all(&store_dir);
     Paired {
-        raw_write: raw_before.max(raw_after),
-        write,
+        raw_write: median(raw_writes),
+        write: median(writes),
         raw_read: median(raw_reads),
         read: median(reads),
-        read_in_turn: median(reads_in_turn),
+        read_unhinted: median(reads_unhinted),
     }
 }
 
@@ -261,13 +296,12 @@ pub fn write_objects(
 
 /// Reads every object `written` back in batches of the size it was written in, as a
 /// batched get does (located, then read several at a time on the threads
-/// [`schedule_for`] gives; without `pipelined`, records in order are read and checked
-/// in turn by one thread, as before reads and checks were pipelined), checking each
-/// (the check is not timed): GB/s.
+/// [`schedule_for`] gives, the next records hinted to the kernel unless `hints` is
+/// false), checking each (the check is not timed): GB/s.
 pub fn read_objects(
     store: &mut dyn StorageBackend,
     written: &Written,
-    pipelined: bool,
+    hints: bool,
 ) -> Result<f64, String> {
     let size = written.size;
     let mut dests = Destinations::new(written.per_batch() * size);
@@ -279,14 +313,12 @@ pub fn read_objects(
             .map(|key| store.locate(key))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| e.to_string())?;
-        let schedule = match schedule_for(&plans.iter().collect::<Vec<_>>()) {
-            Schedule::Pipelined { .. } if !pipelined => Schedule::InTurn,
-            schedule => schedule,
-        };
+        let schedule = schedule_for(&plans.iter().collect::<Vec<_>>());
         let read = read_plans_as(
             &plans,
             dests.bytes_mut().chunks_mut(size).collect(),
             schedule,
+            hints,
         );
         reading += started.elapsed();
         for ((key, outcome), (dest, value)) in chunk
@@ -438,7 +470,7 @@ pub fn run(repeats: usize, backends: &[String]) {
                 "{name}: read {size} objects (cold, checked)"
             )));
             rows.push(Row::new(format!(
-                "{name}: read {size} objects, in-order records checked by their reader"
+                "{name}: read {size} objects, no read-ahead hints"
             )));
         }
     }
@@ -455,7 +487,7 @@ pub fn run(repeats: usize, backends: &[String]) {
                 for (value, raw) in [
                     (paired.write, paired.raw_write),
                     (paired.read, paired.raw_read),
-                    (paired.read_in_turn, paired.raw_read),
+                    (paired.read_unhinted, paired.raw_read),
                 ] {
                     if let Some(row) = row.next() {
                         row.values.push(value);
@@ -468,7 +500,7 @@ pub fn run(repeats: usize, backends: &[String]) {
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "\n## SSD tier ({} MiB per measurement, median of {repeats}, in {})\n\nEach backend write is compared with the faster of two raw sequential writes of 1 MiB blocks of the same disk, one just before and one just after it; each backend's reads ({READ_PASSES} passes over its objects, median) with raw sequential reads in blocks of the objects' size alternating with them (median); the rows \"in-order records checked by their reader\" read the same objects in passes alternating with those, records that lie in order read and checked in turn by one thread instead of checked by a second thread while the next is read. The ratio is the median of the per-round ratios; the raw rows are medians of those references.\n\n| measurement | GB/s | of raw |\n|---|---|---|",
+        "\n## SSD tier ({} MiB per measurement, median of {repeats}, in {})\n\nEach backend writes its objects {WRITE_PASSES} times into a fresh store, each write compared with the faster of two raw sequential writes of 1 MiB blocks of the same disk, one just before and one just after it (medians; the filesystem flushed before every write, untimed); each backend's reads ({READ_PASSES} passes over its objects, median) with raw sequential reads in blocks of the objects' size alternating with them (median); the rows \"no read-ahead hints\" read the same objects in passes alternating with those, without telling the kernel which records come next. The ratio is the median of the per-round ratios; the raw rows are medians of those references.\n\n| measurement | GB/s | of raw |\n|---|---|---|",
         TOTAL >> 20,
         dir.parent()
             .map_or_else(String::new, |p| p.display().to_string())

@@ -310,6 +310,20 @@ enum Source {
     },
 }
 
+/// Where a [`ReadPlan`]'s record lies in a file ([`ReadPlan::file_extent`]), or a run
+/// of records that follow each other in one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FileExtent<'p> {
+    /// The file's path.
+    pub(crate) path: &'p Path,
+    /// The file, when the plan holds it open.
+    pub(crate) open: Option<&'p File>,
+    /// Where the record starts in the file.
+    pub(crate) offset: u64,
+    /// Bytes from there.
+    pub(crate) len: u64,
+}
+
 /// What [`ReadPlan::read_unchecked`] read besides the value, for
 /// [`ReadPlan::finish_read`] to check: made only by `read_unchecked`.
 #[derive(Debug)]
@@ -402,6 +416,23 @@ impl ReadPlan {
         };
         let previous_end = previous_offset.saturating_add(previous.record_len());
         (path == previous_path).then(|| offset.checked_sub(previous_end))?
+    }
+
+    /// Where the record lies: its file's path (and the file, when the plan holds it
+    /// open), its offset and whole length; `None` for a record outside this machine
+    /// (for hinting reads ahead, see [`crate::read_ahead`]).
+    pub(crate) fn file_extent(&self) -> Option<FileExtent<'_>> {
+        match &self.source {
+            Source::File {
+                path, offset, open, ..
+            } => Some(FileExtent {
+                path,
+                open: open.as_deref(),
+                offset: *offset,
+                len: self.record_len(),
+            }),
+            Source::Store { .. } => None,
+        }
     }
 
     /// Length of the whole record: header, key and value.

@@ -316,14 +316,7 @@ mod tests {
     use super::*;
     use crate::backend::encode_record;
 
-    /// A fresh directory, removed when dropped.
-    struct TempDir(PathBuf);
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::test_dir::TempDir;
 
     fn write_file(root: &Path, id: u64, bytes: &[u8]) {
         let shard = root.join(format!("{:02x}", id % 256));
@@ -333,10 +326,7 @@ mod tests {
 
     #[test]
     fn a_corrupt_length_field_is_left_out_at_recovery_without_sizing_a_buffer() {
-        let dir = TempDir(
-            std::env::temp_dir().join(format!("mooncake-fpk-corrupt-{}", std::process::id())),
-        );
-        let _ = std::fs::remove_dir_all(&dir.0);
+        let dir = TempDir::new("fpk-corrupt");
         write_file(&dir.0, 1, &encode_record("good", b"intact value"));
         // Valid magic and key length, and a value length that announces a petabyte
         // (before: a buffer of that size was allocated, aborting the process) or that
@@ -366,10 +356,7 @@ mod tests {
 
     #[test]
     fn shard_directories_are_made_at_open_and_again_when_one_went_missing() {
-        let dir = TempDir(
-            std::env::temp_dir().join(format!("mooncake-fpk-shards-{}", std::process::id())),
-        );
-        let _ = std::fs::remove_dir_all(&dir.0);
+        let dir = TempDir::new("fpk-shards");
         let (mut store, _) = FilePerKeyStore::open_in(
             &dir.0,
             Limits::bytes(1 << 30),

@@ -455,6 +455,20 @@ pub fn start_writeback(file: &File, offset: u64, len: usize) {
     }
 }
 
+/// Asks the kernel to start reading `len` bytes at `offset` of `file` into the page
+/// cache now, without waiting (`posix_fadvise(POSIX_FADV_WILLNEED)`): the reads that
+/// follow find them there or on their way. Advisory: failures are ignored (the reads
+/// report real ones).
+pub fn start_readahead(file: &File, offset: u64, len: u64) {
+    let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+        return;
+    };
+    // SAFETY: a plain system call on an open descriptor.
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), offset, len, libc::POSIX_FADV_WILLNEED);
+    }
+}
+
 /// Contiguous bytes to write at one offset of a file, gathered from several buffers:
 /// pieces copied in ([`push_copy`](Self::push_copy), for record headers and keys) and
 /// pieces borrowed from the caller for `'a` ([`push`](Self::push), for values).

@@ -4,7 +4,8 @@
 //! The settings (upstream's `MOONCAKE_OFFLOAD_*` variables and path rules,
 //! [`config`]), checksummed records ([`record`]), the I/O engines (POSIX, io_uring with
 //! a fallback, [`io`]), the contract of a storage backend ([`backend`]), batches read several records
-//! at a time ([`parallel_reads`]), the factory that opens the configured
+//! at a time ([`parallel_reads`]) with their next records hinted to the kernel
+//! ([`read_ahead`]), the factory that opens the configured
 //! one ([`factory`]) and the three
 //! local-disk backends: `bucket_storage_backend` ([`bucket`], the default),
 //! `file_per_key_storage_backend` ([`file_per_key`]) and
@@ -23,8 +24,11 @@ pub mod io;
 mod object_index;
 pub mod offset_allocator;
 pub mod parallel_reads;
+pub mod read_ahead;
 pub mod record;
 mod record_writer;
+#[cfg(test)]
+mod test_dir;
 
 /// The storage backends the SSD tier offers, by their configuration names.
 pub const BACKENDS: &[&str] = &[

@@ -24,6 +24,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::backend::{ReadPlan, StoreError, UncheckedRead};
+use crate::read_ahead::ReadAhead;
 
 /// Most threads reading one batch (the caller included): reads wait on the device,
 /// not the CPU, so this may exceed the cores.
@@ -191,21 +192,28 @@ pub fn map_reads<T: Send>(
 }
 
 /// Reads each plan's value into the start of the destination of the same index (as
-/// [`ReadPlan::read_into`] does, on the threads [`schedule_for`] gives the batch);
-/// answers each value's length or error, in order. Fewer destinations than plans: the
-/// plans left over answer `Invalid`.
+/// [`ReadPlan::read_into`] does, on the threads [`schedule_for`] gives the batch, the
+/// next records hinted to the kernel by a [`ReadAhead`]); answers each value's length
+/// or error, in order. Fewer destinations than plans: the plans left over answer
+/// `Invalid`.
 pub fn read_plans(plans: &[ReadPlan], dests: Vec<&mut [u8]>) -> Vec<Result<u64, StoreError>> {
     let schedule = schedule_for(&plans.iter().collect::<Vec<_>>());
-    read_plans_as(plans, dests, schedule)
+    read_plans_as(plans, dests, schedule, true)
 }
 
-/// [`read_plans`] on the threads `schedule` says, whatever the plans (for comparing
-/// schedules).
+/// [`read_plans`] on the threads `schedule` says, whatever the plans, with read-ahead
+/// hints or without (for comparing schedules and hints).
 pub fn read_plans_as(
     plans: &[ReadPlan],
     dests: Vec<&mut [u8]>,
     schedule: Schedule,
+    hints: bool,
 ) -> Vec<Result<u64, StoreError>> {
+    let ahead = if hints {
+        ReadAhead::new(plans.iter().map(Some).collect())
+    } else {
+        ReadAhead::none()
+    };
     let dests: Vec<Mutex<&mut [u8]>> = dests.into_iter().map(Mutex::new).collect();
     let dest = |index: usize| {
         let dest = dests.get(index).ok_or_else(|| {
@@ -218,7 +226,10 @@ pub fn read_plans_as(
     map_checked_reads(
         plans.len(),
         schedule,
-        |index| plans[index].read_unchecked(*dest(index)?),
+        |index| {
+            ahead.before_read(index);
+            plans[index].read_unchecked(*dest(index)?)
+        },
         |index, read: Result<UncheckedRead, StoreError>| {
             plans[index].finish_read(read?, *dest(index)?)
         },

@@ -1,27 +1,7 @@
 use super::*;
 use std::os::unix::fs::FileExt;
 
-/// A fresh directory, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "mooncake-bucket-{name}-{}-{}",
-            std::process::id(),
-            initial_id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("mkdir");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use crate::test_dir::TempDir;
 
 fn value(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
