@@ -45,8 +45,15 @@ pub const AHEAD_RECORDS: u64 = 16;
 pub const MIN_AHEAD_BYTES: u64 = 4 << 20;
 
 /// The largest window hinted ahead, in bytes: the page cache the hints fill before
-/// the reads take it (a limit per batch being read).
+/// the reads take it (a limit per batch being read; a record that crosses the
+/// window's end is hinted whole).
 pub const MAX_AHEAD_BYTES: u64 = 16 << 20;
+
+/// Bytes asked for in one `posix_fadvise` call at most: the kernel reads at most its
+/// read-ahead size (`read_ahead_kb`, often 128 KiB) or the device's largest request
+/// per call, whichever is larger, and drops the rest of a longer range; it reads
+/// 2 MiB pieces within a call itself.
+pub const HINT_PIECE_BYTES: u64 = 2 << 20;
 
 /// The records of one batch still to be hinted, in the order they are read.
 #[derive(Debug)]
@@ -113,14 +120,20 @@ impl<'p> ReadAhead<'p> {
     /// order): when less than half of the window in front of it is hinted, hints the
     /// records up to a window from its start.
     pub fn before_read(&self, index: usize) {
-        for extent in self.take_due(index) {
-            match extent.open {
-                Some(file) => start_readahead(file, extent.offset, extent.len),
-                None => {
-                    if let Ok(file) = File::open(extent.path) {
-                        start_readahead(&file, extent.offset, extent.len);
+        for run in self.take_due(index) {
+            let opened;
+            let file = match run.open {
+                Some(file) => file,
+                None => match File::open(run.path) {
+                    Ok(file) => {
+                        opened = file;
+                        &opened
                     }
-                }
+                    Err(_) => continue,
+                },
+            };
+            for (offset, len) in pieces(run.offset, run.len) {
+                start_readahead(file, offset, len);
             }
         }
     }
@@ -170,6 +183,14 @@ impl<'p> ReadAhead<'p> {
         }
         runs
     }
+}
+
+/// `len` bytes from `offset` in pieces of at most [`HINT_PIECE_BYTES`], in order.
+fn pieces(offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> {
+    let end = offset.saturating_add(len);
+    (offset..end)
+        .step_by(usize::try_from(HINT_PIECE_BYTES).unwrap_or(usize::MAX))
+        .map(move |at| (at, (end - at).min(HINT_PIECE_BYTES)))
 }
 
 #[cfg(test)]
@@ -245,6 +266,12 @@ mod tests {
             .collect();
         let ahead = ReadAhead::new(plans.iter().map(Some).collect());
         assert_eq!(offsets(&ahead.take_due(0)), [(0, MIN_AHEAD_BYTES)]);
+        let middle = 512 << 10;
+        let plans: Vec<ReadPlan> = (0..40)
+            .map(|i| plan(&file, i * middle, middle, true))
+            .collect();
+        let ahead = ReadAhead::new(plans.iter().map(Some).collect());
+        assert_eq!(offsets(&ahead.take_due(0)), [(0, 16 * middle)]);
         let large = 8 * MIB;
         let plans: Vec<ReadPlan> = (0..4)
             .map(|i| plan(&file, i * large, large, true))
@@ -276,6 +303,17 @@ mod tests {
                 (0, MIB)
             ]
         );
+    }
+
+    #[test]
+    fn a_run_is_asked_for_in_pieces_the_kernel_reads_whole() {
+        let piece = HINT_PIECE_BYTES;
+        assert_eq!(
+            pieces(100, 2 * piece + 5).collect::<Vec<_>>(),
+            [(100, piece), (100 + piece, piece), (100 + 2 * piece, 5)]
+        );
+        assert_eq!(pieces(7, piece).collect::<Vec<_>>(), [(7, piece)]);
+        assert_eq!(pieces(7, 0).count(), 0);
     }
 
     #[test]
