@@ -310,6 +310,12 @@ enum Source {
     },
 }
 
+/// True when each of `plans` follows the one before it in the same file (see
+/// [`ReadPlan::follows`]): reading them in turn is a sequential read.
+pub fn lie_in_order(plans: &[&ReadPlan]) -> bool {
+    plans.windows(2).all(|pair| pair[1].follows(pair[0]))
+}
+
 /// Where a [`ReadPlan`]'s record lies in a file ([`ReadPlan::file_extent`]), or a run
 /// of records that follow each other in one.
 #[derive(Clone, Copy, Debug)]

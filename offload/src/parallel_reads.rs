@@ -23,7 +23,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::backend::{ReadPlan, StoreError, UncheckedRead};
+use crate::backend::{ReadPlan, StoreError, UncheckedRead, lie_in_order};
 use crate::read_ahead::ReadAhead;
 
 /// Most threads reading one batch (the caller included): reads wait on the device,
@@ -74,7 +74,7 @@ pub fn schedule_for(plans: &[&ReadPlan]) -> Schedule {
     if plans.len() < 2 || bytes < PARALLEL_BYTES {
         return Schedule::InTurn;
     }
-    if plans.windows(2).all(|pair| pair[1].follows(pair[0])) {
+    if lie_in_order(plans) {
         let average = bytes / plans.len() as u64;
         let per_handoff =
             usize::try_from(HANDOFF_BYTES.div_ceil(average.max(1))).unwrap_or(usize::MAX);

@@ -31,7 +31,7 @@ use std::fs::File;
 
 use parking_lot::Mutex;
 
-use crate::backend::{FOLLOWS_WITHIN, FileExtent, ReadPlan};
+use crate::backend::{FileExtent, ReadPlan, lie_in_order};
 use crate::io::start_readahead;
 
 /// Records hinted in front of a batch's reads (of the batch's average size), within
@@ -58,8 +58,8 @@ pub const HINT_PIECE_BYTES: u64 = 2 << 20;
 /// The records of one batch still to be hinted, in the order they are read.
 #[derive(Debug)]
 pub struct ReadAhead<'p> {
-    /// Each item's record, when it lies in a file.
-    extents: Vec<Option<FileExtent<'p>>>,
+    /// Each item's plan, when its record lies in a file and is to be hinted.
+    plans: Vec<Option<&'p ReadPlan>>,
     /// `starts[i]`: bytes of the records before item `i` (one more entry than items:
     /// the last is the batch's total).
     starts: Vec<u64>,
@@ -76,30 +76,33 @@ impl<'p> ReadAhead<'p> {
     /// fewer than two.
     pub fn new(plans: Vec<Option<&'p ReadPlan>>) -> Self {
         let located: Vec<&ReadPlan> = plans.iter().copied().flatten().collect();
-        let in_order = located.windows(2).all(|pair| pair[1].follows(pair[0]));
-        let extents: Vec<Option<FileExtent<'p>>> = plans
+        let in_order = lie_in_order(&located);
+        let plans: Vec<Option<&'p ReadPlan>> = plans
             .into_iter()
             .map(|plan| {
-                plan.and_then(ReadPlan::file_extent)
-                    .filter(|extent| !in_order || extent.open.is_some())
+                plan.filter(|plan| {
+                    plan.file_extent()
+                        .is_some_and(|extent| !in_order || extent.open.is_some())
+                })
             })
             .collect();
-        if extents.iter().flatten().nth(1).is_none() {
+        let records = plans.iter().flatten().count() as u64;
+        if records < 2 {
             return Self::none();
         }
-        let mut starts = Vec::with_capacity(extents.len() + 1);
+        let mut starts = Vec::with_capacity(plans.len() + 1);
         let mut total = 0u64;
         starts.push(total);
-        for extent in &extents {
-            total = total.saturating_add(extent.map_or(0, |extent| extent.len));
+        for plan in &plans {
+            let len = plan.and_then(ReadPlan::file_extent).map_or(0, |e| e.len);
+            total = total.saturating_add(len);
             starts.push(total);
         }
-        let records = extents.iter().flatten().count() as u64;
-        let window = (total / records.max(1))
+        let window = (total / records)
             .saturating_mul(AHEAD_RECORDS)
             .clamp(MIN_AHEAD_BYTES, MAX_AHEAD_BYTES);
         ReadAhead {
-            extents,
+            plans,
             starts,
             window,
             hinted: Mutex::new(0),
@@ -109,7 +112,7 @@ impl<'p> ReadAhead<'p> {
     /// Hints nothing (for comparing reads with and without hints).
     pub fn none() -> Self {
         ReadAhead {
-            extents: Vec::new(),
+            plans: Vec::new(),
             starts: Vec::new(),
             window: MIN_AHEAD_BYTES,
             hinted: Mutex::new(0),
@@ -143,7 +146,7 @@ impl<'p> ReadAhead<'p> {
     /// their items hinted. Empty when enough is hinted already, or while another
     /// thread takes its extents.
     fn take_due(&self, index: usize) -> Vec<FileExtent<'p>> {
-        let items = self.extents.len();
+        let items = self.plans.len();
         let Some(&start) = self.starts.get(index).filter(|_| index < items) else {
             return Vec::new();
         };
@@ -164,22 +167,21 @@ impl<'p> ReadAhead<'p> {
     }
 
     /// The records of items `from..until`, those that follow each other in one file
-    /// (at most [`FOLLOWS_WITHIN`] apart) merged into one extent.
+    /// (see [`ReadPlan::follows`]) merged into one extent.
     fn runs(&self, from: usize, until: usize) -> Vec<FileExtent<'p>> {
         let mut runs: Vec<FileExtent<'p>> = Vec::new();
-        for extent in self.extents[from..until].iter().copied().flatten() {
+        let mut previous: Option<&ReadPlan> = None;
+        for plan in self.plans[from..until].iter().copied().flatten() {
+            let Some(extent) = plan.file_extent() else {
+                continue;
+            };
             match runs.last_mut() {
-                Some(run)
-                    if run.path == extent.path
-                        && extent
-                            .offset
-                            .checked_sub(run.offset.saturating_add(run.len))
-                            .is_some_and(|gap| gap <= FOLLOWS_WITHIN) =>
-                {
+                Some(run) if previous.is_some_and(|previous| plan.follows(previous)) => {
                     run.len = extent.offset.saturating_add(extent.len) - run.offset;
                 }
                 _ => runs.push(extent),
             }
+            previous = Some(plan);
         }
         runs
     }
