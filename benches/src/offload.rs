@@ -8,9 +8,9 @@
 //! before every write, untimed (blocks freed by the step before are discarded then,
 //! not during the measurement); each backend reads its
 //! objects back in batches, as a batched get does, [`READ_PASSES`] times, alternating
-//! with raw reads into destinations as large as a batch (medians of each), and once
-//! more without telling the kernel which records come next (no read-ahead hints,
-//! see `mooncake_offload::read_ahead`), for comparison in the same run. Page-cache
+//! with raw reads into destinations as large as a batch (medians of each), and as
+//! often through the page cache alone (no direct streams, no read-ahead hints: see
+//! `mooncake_offload::batch_reader`), for comparison in the same run. Page-cache
 //! copies are dropped (`posix_fadvise(DONTNEED)`) before every read pass, so reads come
 //! from the device.
 
@@ -185,8 +185,8 @@ struct Paired {
     raw_read: f64,
     /// The median of the backend's passes reading every object back.
     read: f64,
-    /// The same without read-ahead hints, passes alternating with the others.
-    read_unhinted: f64,
+    /// The same through the page cache alone, passes alternating with the others.
+    read_unaided: f64,
 }
 
 /// Backend writes per backend and object size, each between raw writes.
@@ -197,7 +197,8 @@ const WRITE_PASSES: usize = 3;
 /// pass's reference is the faster of the two, taken moments apart on a disk whose
 /// speed drifts; the write figures are the medians), the filesystem settled before
 /// each. Then reads the last store's objects back (cold, checking every value)
-/// [`READ_PASSES`] times with and without read-ahead hints, and `raw` before each
+/// [`READ_PASSES`] times through the tier's batch reader and through the page cache
+/// alone, and `raw` before each
 /// pair, after one read that is not counted (so that every read, raw or not, follows
 /// a read): the read figures are the medians of each series.
 fn store(dir: &Path, raw: &Path, kind: BackendKind, size: usize, uring: bool) -> Paired {
@@ -229,18 +230,18 @@ fn store(dir: &Path, raw: &Path, kind: BackendKind, size: usize, uring: bool) ->
     sequential_read(raw, size);
     let mut raw_reads = Vec::new();
     let mut reads = Vec::new();
-    let mut reads_unhinted = Vec::new();
+    let mut reads_unaided = Vec::new();
     for pass in 0..READ_PASSES {
         raw_reads.push(sequential_read(raw, size));
-        // Reads with and without hints take turns going first: this disk drifts
+        // Aided and unaided reads take turns going first: this disk drifts
         // within seconds.
-        for hints in [pass % 2 == 0, pass % 2 == 1] {
+        for aided in [pass % 2 == 0, pass % 2 == 1] {
             drop_dir_cache(&store_dir);
-            let read = read_objects(store.as_mut(), &objects, hints).expect("read back");
-            if hints {
+            let read = read_objects(store.as_mut(), &objects, aided).expect("read back");
+            if aided {
                 &mut reads
             } else {
-                &mut reads_unhinted
+                &mut reads_unaided
             }
             .push(read);
         }
@@ -252,7 +253,7 @@ fn store(dir: &Path, raw: &Path, kind: BackendKind, size: usize, uring: bool) ->
         write: median(writes),
         raw_read: median(raw_reads),
         read: median(reads),
-        read_unhinted: median(reads_unhinted),
+        read_unaided: median(reads_unaided),
     }
 }
 
@@ -296,12 +297,12 @@ pub fn write_objects(
 
 /// Reads every object `written` back in batches of the size it was written in, as a
 /// batched get does (located, then read several at a time on the threads
-/// [`schedule_for`] gives, the next records hinted to the kernel unless `hints` is
-/// false), checking each (the check is not timed): GB/s.
+/// [`schedule_for`] gives, through the tier's batch reader unless `aided` is false),
+/// checking each (the check is not timed): GB/s.
 pub fn read_objects(
     store: &mut dyn StorageBackend,
     written: &Written,
-    hints: bool,
+    aided: bool,
 ) -> Result<f64, String> {
     let size = written.size;
     let mut dests = Destinations::new(written.per_batch() * size);
@@ -318,7 +319,7 @@ pub fn read_objects(
             &plans,
             dests.bytes_mut().chunks_mut(size).collect(),
             schedule,
-            hints,
+            aided,
         );
         reading += started.elapsed();
         for ((key, outcome), (dest, value)) in chunk
@@ -470,7 +471,7 @@ pub fn run(repeats: usize, backends: &[String]) {
                 "{name}: read {size} objects (cold, checked)"
             )));
             rows.push(Row::new(format!(
-                "{name}: read {size} objects, no read-ahead hints"
+                "{name}: read {size} objects, page cache alone"
             )));
         }
     }
@@ -487,7 +488,7 @@ pub fn run(repeats: usize, backends: &[String]) {
                 for (value, raw) in [
                     (paired.write, paired.raw_write),
                     (paired.read, paired.raw_read),
-                    (paired.read_unhinted, paired.raw_read),
+                    (paired.read_unaided, paired.raw_read),
                 ] {
                     if let Some(row) = row.next() {
                         row.values.push(value);
@@ -500,7 +501,7 @@ pub fn run(repeats: usize, backends: &[String]) {
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "\n## SSD tier ({} MiB per measurement, median of {repeats}, in {})\n\nEach backend writes its objects {WRITE_PASSES} times into a fresh store, each write compared with the faster of two raw sequential writes of 1 MiB blocks of the same disk, one just before and one just after it (medians; the filesystem flushed before every write, untimed); each backend's reads ({READ_PASSES} passes over its objects, median) with raw sequential reads in blocks of the objects' size alternating with them (median); the rows \"no read-ahead hints\" read the same objects in passes alternating with those, without telling the kernel which records come next. The ratio is the median of the per-round ratios; the raw rows are medians of those references.\n\n| measurement | GB/s | of raw |\n|---|---|---|",
+        "\n## SSD tier ({} MiB per measurement, median of {repeats}, in {})\n\nEach backend writes its objects {WRITE_PASSES} times into a fresh store, each write compared with the faster of two raw sequential writes of 1 MiB blocks of the same disk, one just before and one just after it (medians; the filesystem flushed before every write, untimed); each backend's reads ({READ_PASSES} passes over its objects, median) with raw sequential reads in blocks of the objects' size alternating with them (median); the rows \"page cache alone\" read the same objects in passes alternating with those, each record through the page cache, without direct streams or read-ahead hints. The ratio is the median of the per-round ratios; the raw rows are medians of those references.\n\n| measurement | GB/s | of raw |\n|---|---|---|",
         TOTAL >> 20,
         dir.parent()
             .map_or_else(String::new, |p| p.display().to_string())

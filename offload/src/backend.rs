@@ -330,6 +330,17 @@ pub(crate) struct FileExtent<'p> {
     pub(crate) len: u64,
 }
 
+impl FileExtent<'_> {
+    /// Runs `use_file` on the extent's file: the one its plan holds open, else opened
+    /// by path for the call; `None` when it cannot be opened.
+    pub(crate) fn with_file<R>(&self, use_file: impl FnOnce(&File) -> R) -> Option<R> {
+        match self.open {
+            Some(file) => Some(use_file(file)),
+            None => File::open(self.path).ok().map(|file| use_file(&file)),
+        }
+    }
+}
+
 /// What [`ReadPlan::read_unchecked`] read besides the value, for
 /// [`ReadPlan::finish_read`] to check: made only by `read_unchecked`.
 #[derive(Debug)]
@@ -344,6 +355,14 @@ enum Unchecked {
     /// A record from a store outside this machine, already checked: the value's
     /// length.
     Checked(u64),
+}
+
+impl UncheckedRead {
+    /// A record's header and key read beside its value by another reader than
+    /// [`ReadPlan::read_unchecked`] (see [`crate::direct_run`]).
+    pub(crate) fn from_head(head: Vec<u8>) -> Self {
+        UncheckedRead(Unchecked::Head(head))
+    }
 }
 
 impl ReadPlan {

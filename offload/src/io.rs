@@ -17,7 +17,8 @@
 //! a record's header into a small buffer and its value into the destination, one
 //! `preadv` through the page cache (with either engine: see
 //! [`read_gathered`](IoEngine::read_gathered)), whose read-ahead keeps a sequential
-//! scan at the device's speed.
+//! scan at the device's speed; a batch of records in order that is not cached is
+//! streamed with direct reads instead ([`crate::direct_run`], either engine).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -185,6 +186,11 @@ fn injected(name: &str) -> Option<std::io::Error> {
         libc::EIO
     };
     Some(std::io::Error::from_raw_os_error(code))
+}
+
+/// True when [`FAILPOINT_READ`] fires for a read made outside [`IoEngine`].
+pub(crate) fn read_failure_injected() -> bool {
+    injected(FAILPOINT_READ).is_some()
 }
 
 /// The error [`FAILPOINT_WRITE`] injects into a write of `buf` at `offset`, having

@@ -3,10 +3,12 @@
 //!
 //! The settings (upstream's `MOONCAKE_OFFLOAD_*` variables and path rules,
 //! [`config`]), checksummed records ([`record`]), the I/O engines (POSIX, io_uring with
-//! a fallback, [`io`]), the contract of a storage backend ([`backend`]), batches read several records
-//! at a time ([`parallel_reads`]) with their next records hinted to the kernel
-//! ([`read_ahead`]), the factory that opens the configured
-//! one ([`factory`]) and the three
+//! a fallback, [`io`]), the contract of a storage backend ([`backend`]), batches read
+//! several records at a time ([`parallel_reads`]), streamed from the device when they
+//! lie in order and are not cached ([`direct_run`]), else with their next records
+//! hinted to the kernel ([`read_ahead`]), one reader choosing per batch
+//! ([`batch_reader`]), the factory that opens the configured one ([`factory`]) and the
+//! three
 //! local-disk backends: `bucket_storage_backend` ([`bucket`], the default),
 //! `file_per_key_storage_backend` ([`file_per_key`]) and
 //! `offset_allocator_storage_backend` ([`offset_allocator`]), each with recovery and
@@ -14,9 +16,11 @@
 //! `disk` module).
 
 pub mod backend;
+pub mod batch_reader;
 pub mod bucket;
 pub mod checksum;
 pub mod config;
+pub mod direct_run;
 pub mod dkv;
 pub mod factory;
 mod file_per_key;

@@ -24,7 +24,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::backend::{ReadPlan, StoreError, UncheckedRead, lie_in_order};
-use crate::read_ahead::ReadAhead;
+use crate::batch_reader::BatchReader;
 
 /// Most threads reading one batch (the caller included): reads wait on the device,
 /// not the CPU, so this may exceed the cores.
@@ -192,27 +192,27 @@ pub fn map_reads<T: Send>(
 }
 
 /// Reads each plan's value into the start of the destination of the same index (as
-/// [`ReadPlan::read_into`] does, on the threads [`schedule_for`] gives the batch, the
-/// next records hinted to the kernel by a [`ReadAhead`]); answers each value's length
-/// or error, in order. Fewer destinations than plans: the plans left over answer
-/// `Invalid`.
+/// [`ReadPlan::read_into`] does, on the threads [`schedule_for`] gives the batch,
+/// through a [`BatchReader`]); answers each value's length or error, in order. Fewer
+/// destinations than plans: the plans left over answer `Invalid`.
 pub fn read_plans(plans: &[ReadPlan], dests: Vec<&mut [u8]>) -> Vec<Result<u64, StoreError>> {
     let schedule = schedule_for(&plans.iter().collect::<Vec<_>>());
     read_plans_as(plans, dests, schedule, true)
 }
 
-/// [`read_plans`] on the threads `schedule` says, whatever the plans, with read-ahead
-/// hints or without (for comparing schedules and hints).
+/// [`read_plans`] on the threads `schedule` says, whatever the plans; `aided`: through
+/// a [`BatchReader`] (direct streams, read-ahead hints), else every record through the
+/// page cache alone (for comparing schedules and readers).
 pub fn read_plans_as(
     plans: &[ReadPlan],
     dests: Vec<&mut [u8]>,
     schedule: Schedule,
-    hints: bool,
+    aided: bool,
 ) -> Vec<Result<u64, StoreError>> {
-    let ahead = if hints {
-        ReadAhead::new(plans.iter().map(Some).collect())
+    let reader = if aided {
+        BatchReader::new(plans.iter().map(Some).collect())
     } else {
-        ReadAhead::none()
+        BatchReader::unaided()
     };
     let dests: Vec<Mutex<&mut [u8]>> = dests.into_iter().map(Mutex::new).collect();
     let dest = |index: usize| {
@@ -226,10 +226,7 @@ pub fn read_plans_as(
     map_checked_reads(
         plans.len(),
         schedule,
-        |index| {
-            ahead.before_read(index);
-            plans[index].read_unchecked(*dest(index)?)
-        },
+        |index| reader.read_unchecked(index, &plans[index], *dest(index)?),
         |index, read: Result<UncheckedRead, StoreError>| {
             plans[index].finish_read(read?, *dest(index)?)
         },

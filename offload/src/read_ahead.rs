@@ -27,8 +27,6 @@
 //! this machine (a distributed KV store) have no file and are not hinted; nor is a
 //! batch of one record (its read follows at once).
 
-use std::fs::File;
-
 use parking_lot::Mutex;
 
 use crate::backend::{FileExtent, ReadPlan, lie_in_order};
@@ -124,20 +122,11 @@ impl<'p> ReadAhead<'p> {
     /// records up to a window from its start.
     pub fn before_read(&self, index: usize) {
         for run in self.take_due(index) {
-            let opened;
-            let file = match run.open {
-                Some(file) => file,
-                None => match File::open(run.path) {
-                    Ok(file) => {
-                        opened = file;
-                        &opened
-                    }
-                    Err(_) => continue,
-                },
-            };
-            for (offset, len) in pieces(run.offset, run.len) {
-                start_readahead(file, offset, len);
-            }
+            run.with_file(|file| {
+                for (offset, len) in pieces(run.offset, run.len) {
+                    start_readahead(file, offset, len);
+                }
+            });
         }
     }
 
@@ -197,6 +186,7 @@ fn pieces(offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
     use std::path::PathBuf;
     use std::sync::Arc;
 

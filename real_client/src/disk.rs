@@ -19,11 +19,11 @@ use mooncake_core::logging::{EVICTION_TARGET, monotonic_us};
 use mooncake_offload::backend::{
     Eviction, Limits, ReadPlan, RecoveryReport, StorageBackend, StoreError, UncheckedRead,
 };
+use mooncake_offload::batch_reader::BatchReader;
 use mooncake_offload::config::{BackendKind, OffloadConfig, validate_path};
 use mooncake_offload::factory::open_backend;
 use mooncake_offload::io::IoEngine;
 use mooncake_offload::parallel_reads::{map_checked_reads, schedule_for};
-use mooncake_offload::read_ahead::ReadAhead;
 
 use crate::disk_staging::{StagedBytes, StagingPool};
 use crate::master_link::MasterLink;
@@ -184,8 +184,9 @@ impl DiskTier {
     /// Reads each `(key, destination)` as [`read_into`](Self::read_into) does, every
     /// key located under one lock, the records read and checked on the threads
     /// [`schedule_for`] gives the batch (records in the order they lie on disk: read
-    /// in turn, each checked by a helper while the next is read), the next records
-    /// hinted to the kernel ([`ReadAhead`]); answers each
+    /// in turn, each checked by a helper while the next is read), through a
+    /// [`BatchReader`] (streamed from the device when in order and cold, else the next
+    /// records hinted to the kernel); answers each
     /// value's length or error, in order. Destinations that overlap (the caller's
     /// choice) end up holding one of the values written there, as with several
     /// readers; no record is dropped for it, since a failed check is read again into
@@ -199,14 +200,15 @@ impl DiskTier {
                 .collect()
         };
         let located: Vec<&ReadPlan> = plans.iter().filter_map(|p| p.as_ref().ok()).collect();
-        let ahead = ReadAhead::new(plans.iter().map(|p| p.as_ref().ok()).collect());
+        let reader = BatchReader::new(plans.iter().map(|p| p.as_ref().ok()).collect());
         map_checked_reads(
             items.len(),
             schedule_for(&located),
             |index| {
-                ahead.before_read(index);
                 let plan = plans[index].as_ref().map_err(|code| *code)?;
-                Ok(items[index].1.fill_with(|bytes| plan.read_unchecked(bytes)))
+                Ok(items[index]
+                    .1
+                    .fill_with(|bytes| reader.read_unchecked(index, plan, bytes)))
             },
             |index, read: CodeResult<Result<UncheckedRead, StoreError>>| {
                 let (key, dest) = items[index];

@@ -42,7 +42,9 @@ const KINDS: [Kind; 2] = [Kind::Tcp, Kind::Rdma];
 fn stand_in() -> &'static PathBuf {
     static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
     LIBRARY.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("mooncake-fake-verbs-{}", std::process::id()));
+        // Under the target directory, shared by test processes (the same source is
+        // built once) and left for the next run rather than in the temporary directory.
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("stand-in-verbs");
         let library = mooncake_rdma::fake::build(&dir).expect("build the stand-in verbs provider");
         // SAFETY: set before any thread of this process loads the verbs library; every
         // test calls this first and the values never change. Two devices, for striping.

@@ -14,8 +14,9 @@ use mooncake_integration_tests::{
 fn stand_in() -> &'static PathBuf {
     static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
     LIBRARY.get_or_init(|| {
-        let dir =
-            std::env::temp_dir().join(format!("mooncake-rdma-cluster-{}", std::process::id()));
+        // Under the target directory, shared by test processes (the same source is
+        // built once) and left for the next run rather than in the temporary directory.
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("stand-in-verbs");
         mooncake_rdma::fake::build(&dir).expect("build the stand-in verbs provider")
     })
 }
@@ -136,9 +137,7 @@ fn replicated_puts_and_peer_reads_move_over_rdma_and_survive_a_killed_peer() {
 
 #[test]
 fn rdma_without_a_device_is_refused_with_the_fix_and_auto_runs_tcp() {
-    let empty = std::env::temp_dir().join(format!("mooncake-no-verbs-{}", std::process::id()));
-    std::fs::create_dir_all(&empty).expect("dir");
-    let missing = empty.join("libibverbs-missing.so.1");
+    let missing = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("libibverbs-missing.so.1");
     let output = std::process::Command::new(mooncake_integration_tests::binary("mooncake_client"))
         .args(["--protocol=rdma", "--global_segment_size=16MB"])
         .arg(format!(
