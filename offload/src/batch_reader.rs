@@ -47,8 +47,10 @@ impl<'p> BatchReader<'p> {
     }
 
     /// Reads item `index` (whose plan is `plan`) as [`ReadPlan::read_unchecked`]
-    /// does: the value into the start of `dest`, unchecked. Items are read in order,
-    /// from one thread at a time.
+    /// does: the value into the start of `dest`, unchecked. A direct stream serves
+    /// items read in order by one thread at a time (as the schedules of
+    /// [`crate::parallel_reads`] read records that lie in order); any other item is
+    /// read through the page cache.
     pub fn read_unchecked(
         &self,
         index: usize,

@@ -13,23 +13,28 @@
 //! 32 MiB on the test machine, where 64 KiB buffered reads of the same files ran at
 //! 0.7-0.9 GB/s and of one file of 512 MiB at 1.5 GB/s.
 //!
-//! Records whose first page is cached are read through the page cache as before (it
-//! serves them at memory speed). Whatever the run cannot serve (the file cannot be
-//! opened with `O_DIRECT`, a piece fails or ends early, a record asked for out of
-//! order) is answered `None`, and the caller reads that record the usual way, which
-//! reports real errors. The values are checked afterwards as any read's are.
+//! A batch whose first record's first page is cached is read through the page cache
+//! as before (it serves it at memory speed). Whatever the run cannot serve (the file
+//! cannot be opened with `O_DIRECT`, a piece fails or ends early, a destination too
+//! small, a record asked for again or behind the last one served, a second reader
+//! at the same time) is answered `None`, and the caller reads that record the usual
+//! way, which reports real errors. The reader only goes forward: asking for a chunk
+//! releases every chunk before it, so records it skips never hold the stream up.
+//! The values are checked afterwards as any read's are.
 //!
 //! # Limits
 //!
 //! Per batch being read: [`CHUNKS_IN_FLIGHT`] helper threads and
 //! `CHUNKS_IN_FLIGHT + 2` buffers of [`CHUNK_BYTES`] (6 MiB), released when the
-//! batch ends; only runs of at least [`MIN_RUN_BYTES`] are streamed.
+//! batch ends; at most [`MAX_RUNS`] runs at once in a process (other batches read
+//! through the page cache); only runs of at least [`MIN_RUN_BYTES`] are streamed.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -51,6 +56,13 @@ pub const MIN_RUN_BYTES: u64 = 4 << 20;
 /// Alignment of direct reads' offsets, lengths and buffers (the largest logical block
 /// size in common use).
 const ALIGN: usize = 4096;
+
+/// Direct runs alive at once in this process at most (each holds its helpers and
+/// buffers); a batch read beyond it goes through the page cache.
+pub const MAX_RUNS: usize = 4;
+
+/// Direct runs alive now (see [`MAX_RUNS`]).
+static LIVE_RUNS: AtomicUsize = AtomicUsize::new(0);
 
 /// The state of one chunk's buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +95,26 @@ struct State {
     released: usize,
     /// Set when the run ends: helpers stop.
     stop: bool,
+    /// Set when a helper ended without finishing its chunks (it panicked): the
+    /// reader stops waiting.
+    broken: bool,
+}
+
+impl State {
+    /// Releases every chunk before `chunk`: their slots are freed now (those still
+    /// being read, when their read ends).
+    fn release_before(&mut self, chunk: usize) -> bool {
+        if chunk <= self.released {
+            return false;
+        }
+        for slot in &mut self.slots {
+            if matches!(*slot, Slot::Ready(c, _) | Slot::Failed(c) if c < chunk) {
+                *slot = Slot::Free;
+            }
+        }
+        self.released = chunk;
+        true
+    }
 }
 
 /// A buffer of [`CHUNK_BYTES`] starting at an [`ALIGN`] boundary.
@@ -92,11 +124,11 @@ struct AlignedBuffer {
 }
 
 impl AlignedBuffer {
-    fn new() -> Self {
-        let align = ALIGN;
-        let storage = vec![0u8; CHUNK_BYTES + align];
-        let start = storage.as_ptr().align_offset(align).min(align);
-        AlignedBuffer { storage, start }
+    /// `None` when no aligned start could be found in the allocation.
+    fn new() -> Option<Self> {
+        let storage = vec![0u8; CHUNK_BYTES + ALIGN];
+        let start = storage.as_ptr().align_offset(ALIGN);
+        (start <= ALIGN).then_some(AlignedBuffer { storage, start })
     }
 
     fn bytes(&self) -> &[u8] {
@@ -116,12 +148,16 @@ pub struct DirectRun {
     /// `None` for items not in the run.
     records: Vec<Option<(u64, usize, u64)>>,
     helpers: Vec<std::thread::JoinHandle<()>>,
+    /// Held by the one reader copying out: a second one at the same time is
+    /// answered `None` (the stream serves one reader going forward).
+    reading: Mutex<()>,
 }
 
 impl DirectRun {
     /// Starts streaming `plans` (`None`: an item with nothing to read) when the
     /// records lie in order in one file, span at least [`MIN_RUN_BYTES`] and the
-    /// first is not in the page cache, and the file opens with `O_DIRECT`.
+    /// first is not in the page cache, the file opens with `O_DIRECT`, and fewer
+    /// than [`MAX_RUNS`] runs are alive.
     pub fn start(plans: &[Option<&ReadPlan>]) -> Option<Self> {
         let located: Vec<&ReadPlan> = plans.iter().copied().flatten().collect();
         if located.len() < 2 || !lie_in_order(&located) {
@@ -129,8 +165,14 @@ impl DirectRun {
         }
         let first = located.first()?.file_extent()?;
         let last = located.last()?.file_extent()?;
-        let end = last.offset.saturating_add(last.len);
-        if end.saturating_sub(first.offset) < MIN_RUN_BYTES || is_cached(&first) {
+        let align = ALIGN as u64;
+        let base = first.offset / align * align;
+        let end = last
+            .offset
+            .checked_add(last.len)?
+            .checked_next_multiple_of(align)?;
+        let len = end.checked_sub(base)?;
+        if len < MIN_RUN_BYTES || is_cached(&first) {
             return None;
         }
         let records = plans
@@ -142,62 +184,72 @@ impl DirectRun {
                 Some((extent.offset, head, plan.len()))
             })
             .collect();
-        let file = open_direct(first.path)?;
-        let align = ALIGN as u64;
-        let base = first.offset / align * align;
-        let len = end.div_ceil(align) * align - base;
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                slots: vec![Slot::Free; SLOTS],
-                released: 0,
-                stop: false,
-            }),
-            changed: Condvar::new(),
-            buffers: (0..SLOTS)
-                .map(|_| Mutex::new(AlignedBuffer::new()))
-                .collect(),
-            file,
-            base,
-            len,
-        });
         let chunks = usize::try_from(len.div_ceil(CHUNK_BYTES as u64)).ok()?;
-        let helpers = (0..CHUNKS_IN_FLIGHT.min(chunks))
-            .filter_map(|helper| {
-                let shared = Arc::clone(&shared);
-                std::thread::Builder::new()
-                    .name("ssd-direct-read".into())
-                    .spawn(move || fetch(&shared, helper, chunks))
-                    .ok()
+        let buffers = (0..SLOTS)
+            .map(|_| AlignedBuffer::new().map(Mutex::new))
+            .collect::<Option<Vec<_>>>()?;
+        let file = open_direct(first.path)?;
+        let admitted = LIVE_RUNS
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |live| {
+                (live < MAX_RUNS).then_some(live + 1)
             })
-            .collect::<Vec<_>>();
-        // Every helper takes chunks of its own: all must run, or the run stalls.
-        (helpers.len() == CHUNKS_IN_FLIGHT.min(chunks)).then_some(DirectRun {
-            shared,
+            .is_ok();
+        if !admitted {
+            return None;
+        }
+        let mut run = DirectRun {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    slots: vec![Slot::Free; SLOTS],
+                    released: 0,
+                    stop: false,
+                    broken: false,
+                }),
+                changed: Condvar::new(),
+                buffers,
+                file,
+                base,
+                len,
+            }),
             records,
-            helpers,
-        })
+            helpers: Vec::new(),
+            reading: Mutex::new(()),
+        };
+        for helper in 0..CHUNKS_IN_FLIGHT.min(chunks) {
+            let shared = Arc::clone(&run.shared);
+            let spawned = std::thread::Builder::new()
+                .name("ssd-direct-read".into())
+                .spawn(move || fetch(&shared, helper, chunks));
+            // Every helper takes chunks of its own: all must run, or the run stalls
+            // (dropping it stops those started).
+            run.helpers.push(spawned.ok()?);
+        }
+        Some(run)
     }
 
     /// Reads item `index`'s record: the value into the start of `dest`, the header
     /// and key into the returned read (unchecked, as [`ReadPlan::read_unchecked`]
-    /// answers). `None` when the run cannot serve it: read it the usual way.
+    /// answers). `None` when the run cannot serve it: read it the usual way. Items
+    /// are served going forward; one asked for again or behind the last served,
+    /// or while another thread reads, is answered `None`.
     pub fn read_unchecked(&self, index: usize, dest: &mut [u8]) -> Option<UncheckedRead> {
         let (offset, head_len, value_len) = (*self.records.get(index)?)?;
         let value = dest.get_mut(..usize::try_from(value_len).ok()?)?;
+        let _reading = self.reading.try_lock()?;
         let mut head = vec![0u8; head_len];
         let at = offset.checked_sub(self.shared.base)?;
         self.copy_out(at, &mut head)?;
-        self.copy_out(at + head_len as u64, value)?;
+        self.copy_out(at.checked_add(head_len as u64)?, value)?;
         Some(UncheckedRead::from_head(head))
     }
 
-    /// Copies the run's bytes from `at` (relative to its base) into `out`, waiting
-    /// for each chunk and releasing the chunks wholly copied.
+    /// Copies the run's bytes from `at` (relative to its base) into `out`, chunk by
+    /// chunk as each arrives.
     fn copy_out(&self, at: u64, out: &mut [u8]) -> Option<()> {
         let chunk_bytes = CHUNK_BYTES as u64;
         let mut done = 0usize;
         while done < out.len() {
-            let position = at + done as u64;
+            let position = at.checked_add(done as u64)?;
             let chunk = usize::try_from(position / chunk_bytes).ok()?;
             let within = usize::try_from(position % chunk_bytes).ok()?;
             let (slot, ready) = self.wait_for(chunk)?;
@@ -208,21 +260,23 @@ impl DirectRun {
                 return None;
             }
             out[done..done + take].copy_from_slice(&available[..take]);
-            drop(buffer);
             done += take;
-            self.release_before(at + done as u64);
         }
         Some(())
     }
 
-    /// Waits until chunk `chunk` is read; its slot and the bytes in it (the slot is
-    /// not reused before the chunk is released), or `None` when it failed or was
-    /// released already.
+    /// Releases every chunk before `chunk` (the reader goes forward only, so it
+    /// needs none of them again), then waits until `chunk` is read: its slot and
+    /// the bytes in it (the slot is not reused before the reader moves past it), or
+    /// `None` when it failed, was released already or a helper is gone.
     fn wait_for(&self, chunk: usize) -> Option<(usize, usize)> {
         let slot = chunk % SLOTS;
         let mut state = self.shared.state.lock();
+        if state.release_before(chunk) {
+            self.shared.changed.notify_all();
+        }
         loop {
-            if chunk < state.released {
+            if chunk < state.released || state.broken {
                 return None;
             }
             match state.slots[slot] {
@@ -231,25 +285,6 @@ impl DirectRun {
                 _ => self.shared.changed.wait(&mut state),
             }
         }
-    }
-
-    /// Releases the chunks that end at or before `position` (relative to the base).
-    fn release_before(&self, position: u64) {
-        let Ok(whole) = usize::try_from(position / CHUNK_BYTES as u64) else {
-            return;
-        };
-        let mut state = self.shared.state.lock();
-        if whole <= state.released {
-            return;
-        }
-        for chunk in state.released..whole {
-            let slot = chunk % SLOTS;
-            if matches!(state.slots[slot], Slot::Ready(c, _) | Slot::Failed(c) if c == chunk) {
-                state.slots[slot] = Slot::Free;
-            }
-        }
-        state.released = whole;
-        self.shared.changed.notify_all();
     }
 }
 
@@ -260,18 +295,35 @@ impl Drop for DirectRun {
         for helper in self.helpers.drain(..) {
             let _ = helper.join();
         }
+        LIVE_RUNS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Marks the run broken when a helper ends by unwinding, so that the reader stops
+/// waiting for its chunks.
+struct HelperExit<'a>(&'a Shared);
+
+impl Drop for HelperExit<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.state.lock().broken = true;
+            self.0.changed.notify_all();
+        }
     }
 }
 
 /// Helper `helper`'s loop: reads chunks `helper`, `helper + CHUNKS_IN_FLIGHT`, … of
 /// `chunks`, each once its slot is free, until the last or until the run stops.
+/// Chunks the reader has moved past are skipped.
 fn fetch(shared: &Shared, helper: usize, chunks: usize) {
+    let _exit = HelperExit(shared);
     for chunk in (helper..chunks).step_by(CHUNKS_IN_FLIGHT) {
         let slot = chunk % SLOTS;
         {
             let mut state = shared.state.lock();
             // The slot's previous chunk (`chunk - SLOTS`) must be released first.
             while !state.stop
+                && chunk >= state.released
                 && (chunk >= state.released + SLOTS || state.slots[slot] != Slot::Free)
             {
                 shared.changed.wait(&mut state);
@@ -280,7 +332,6 @@ fn fetch(shared: &Shared, helper: usize, chunks: usize) {
                 return;
             }
             if chunk < state.released {
-                // Skipped over by the reader (a gap between records).
                 continue;
             }
             state.slots[slot] = Slot::Loading(chunk);
@@ -552,6 +603,43 @@ mod tests {
             assert!(read.as_ref().is_ok_and(|value| *value == record.value));
         }
         assert!(reads[5].is_err(), "{:?}", reads[5].as_ref().map(Vec::len));
+    }
+
+    #[test]
+    fn records_skipped_or_past_the_end_never_hold_the_stream_up() {
+        let dir = TempDir::new("direct-run-skipped");
+        // Item 1 (7 MiB, more than all buffers) gets a destination too small: the
+        // stream skips it and serves the items after it.
+        let records = records(&[MIB, 7 * MIB, MIB, MIB, 3 * MIB], 0);
+        let path = write_file(&dir, "skipped", &records, false);
+        let plans = plans(&path, &records);
+        let reader = BatchReader::new(plans.iter().map(Some).collect());
+        for (index, (plan, record)) in plans.iter().zip(&records).enumerate() {
+            let short = index == 1;
+            let mut dest = vec![0u8; record.value.len() - usize::from(short)];
+            let read = reader
+                .read_unchecked(index, plan, &mut dest)
+                .and_then(|read| plan.finish_read(read, &mut dest));
+            if short {
+                assert!(matches!(read, Err(StoreError::BufferTooSmall { .. })));
+            } else {
+                assert!(read.is_ok() && dest == record.value, "item {index}");
+            }
+        }
+        // A file cut short after 2 MiB under a run of 24 MiB: every chunk past the
+        // end comes back empty; each record there fails the usual way, none hangs.
+        let cut_records = self::records(&[MIB; 24], 0);
+        let path = write_file(&dir, "cut", &cut_records, false);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|file| file.set_len(2 * MIB as u64))
+            .expect("truncate");
+        let cut_plans = self::plans(&path, &cut_records);
+        let reader = BatchReader::new(cut_plans.iter().map(Some).collect());
+        let reads = read_all(&reader, &cut_plans);
+        assert!(reads[0].is_ok());
+        assert!(reads[2..].iter().all(Result::is_err));
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //! [record](crate::record) holding the key and the value. Names come from ids, not
 //! keys, so any key (slashes, the tenant separator, 1 MiB of text) is safe.
 //!
-//! A batch's files are written under their final names and the filesystem is synced
-//! once for all of them (`syncfs`); the batch is indexed only then. At startup every
+//! A batch's files are written under their final names (four at a time for a batch
+//! of 1 MiB or more) and the filesystem is synced once for all of them (`syncfs`);
+//! the batch is indexed only then. At startup every
 //! `.rec` is read back and checked: a torn or corrupt file (a crash cut its write
 //! short) is deleted (and counted); when two files hold the same key the newer wins.
 //! Leftover `.tmp` files (of earlier versions, which renamed each file into place)
@@ -33,6 +34,7 @@ use crate::backend::{
 use crate::config::EvictionPolicy;
 use crate::io::IoEngine;
 use crate::object_index::ObjectIndex;
+use crate::parallel_reads::{PARALLEL_BYTES, map_on_threads};
 use crate::record_writer::{Placement, write_records};
 
 const BLOCK: u64 = 4096;
@@ -144,28 +146,42 @@ impl FilePerKeyStore {
     }
 }
 
+/// Threads writing the files of a batch of at least [`PARALLEL_BYTES`]: one writer
+/// stalled in turn on each file's write-back on the test machine (1 MiB objects at
+/// 0.34-1.89 GB/s in a probe of 512 files), four kept the device busy (2.0-2.1 GB/s).
+pub const WRITERS: usize = 4;
+
 /// Writes every object of `objects` into its file of `paths` (write-back started as
-/// each is written), then syncs the filesystem once for all of them and their
-/// directory entries. A file a crash cut short fails its record's check at the next
-/// start and is deleted then; until the batch is committed its files are not indexed.
+/// each is written; [`WRITERS`] files at a time for a large batch), then syncs the
+/// filesystem once for all of them and their directory entries. A file a crash cut
+/// short fails its record's check at the next start and is deleted then; until the
+/// batch is committed its files are not indexed.
 fn write_files(
     io: &IoEngine,
     root: &Path,
     paths: &[PathBuf],
     objects: &[(&str, &[u8])],
 ) -> Result<(), StoreError> {
-    for (path, (key, value)) in paths.iter().zip(objects) {
-        let file = create_file(path)?;
-        let record = Placement {
-            offset: 0,
-            key,
-            value,
-        };
-        write_records(io, &file, &[record]).map_err(io_error("write", path))?;
-    }
+    let bytes: u64 = objects.iter().map(|(_, value)| value.len() as u64).sum();
+    let writers = if bytes >= PARALLEL_BYTES { WRITERS } else { 1 };
+    let count = paths.len().min(objects.len());
+    map_on_threads(count, writers, |i| write_file(io, &paths[i], objects[i]))
+        .into_iter()
+        .collect::<Result<(), StoreError>>()?;
     let root_dir = File::open(root).map_err(io_error("open", root))?;
     io.sync_filesystem(&root_dir)
         .map_err(io_error("sync", root))
+}
+
+/// Creates the file at `path` and writes the record of `(key, value)` into it.
+fn write_file(io: &IoEngine, path: &Path, (key, value): (&str, &[u8])) -> Result<(), StoreError> {
+    let file = create_file(path)?;
+    let record = Placement {
+        offset: 0,
+        key,
+        value,
+    };
+    write_records(io, &file, &[record]).map_err(io_error("write", path))
 }
 
 /// Creates the file at `path`, and its shard directory when it went missing (the store

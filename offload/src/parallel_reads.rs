@@ -1,12 +1,13 @@
 //! Reading a batch of records several at a time.
 //!
 //! Records that follow each other in one file (a batch read in the order it was
-//! written) are read in order on the caller's thread: the page cache's read-ahead
-//! already keeps the device busy ahead of it, and a second thread interleaving with
-//! the first measured no faster, at times slower. What a second thread does take over
-//! is the checking: the caller hands the records it has read over about 1 MiB at a
-//! time to one helper, which checks their keys and checksums while the caller reads
-//! on ([`Schedule::Pipelined`]), so that the reads follow each other as closely as a
+//! written) are read in order on the caller's thread: the device is kept busy ahead
+//! of it by a direct stream's helpers ([`crate::direct_run`]) or the page cache's
+//! read-ahead, and a second reader interleaving with the first measured no faster,
+//! at times slower. What a second thread does take over is the checking: the caller
+//! hands the records it has read over about 1 MiB at a time to one helper, which
+//! checks their keys and checksums while the caller reads on
+//! ([`Schedule::Pipelined`]), so that the reads follow each other as closely as a
 //! plain sequential read's.
 //!
 //! Scattered records (other files, other places of a file) each wait for the device
@@ -16,9 +17,9 @@
 //! four threads than with one.
 //!
 //! Batches moving less than [`PARALLEL_BYTES`], and batches in order too small for
-//! two hand-offs, are read and checked on the caller's thread alone. Each step (a read, a check) runs on one thread from start to end, so
-//! whatever a step sets up around itself (a guard over shared memory, a lock) stays
-//! on that thread.
+//! two hand-offs, are read and checked on the caller's thread alone. Each step (a
+//! read, a check) runs on one thread from start to end, so whatever a step sets up
+//! around itself (a guard over shared memory, a lock) stays on that thread.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,8 +31,9 @@ use crate::batch_reader::BatchReader;
 /// not the CPU, so this may exceed the cores.
 pub const READERS: usize = 4;
 
-/// Smallest batch, in bytes, read by more than one thread (below it, starting helper
-/// threads costs more than the overlap gains).
+/// Smallest batch, in bytes, read by more than one thread, or written by more than
+/// one when it is a file per object (below it, starting helper threads costs more
+/// than the overlap gains).
 pub const PARALLEL_BYTES: u64 = 1 << 20;
 
 /// Bytes of records a pipelined read hands to its checker at once: handing over each
@@ -96,7 +98,7 @@ pub fn map_checked_reads<A: Send, T: Send>(
 ) -> Vec<T> {
     match schedule {
         Schedule::InTurn => (0..count).map(|i| finish(i, read(i))).collect(),
-        Schedule::Parallel(readers) => map_reads(count, readers, |i| finish(i, read(i))),
+        Schedule::Parallel(readers) => map_on_threads(count, readers, |i| finish(i, read(i))),
         Schedule::Pipelined { per_handoff } => pipelined(count, per_handoff, &read, &finish),
     }
 }
@@ -146,47 +148,48 @@ fn pipelined<A: Send, T: Send>(
     })
 }
 
-/// Runs `read(i)` for every `i < count` on `readers` threads (the caller's and
+/// Runs `work(i)` for every `i < count` on `threads` threads (the caller's and
 /// helpers started for the call; at most [`READERS`]), each taking the next item in
-/// turn; answers each item's result in order.
-pub fn map_reads<T: Send>(
+/// turn; answers each item's result in order. (Scattered reads; file-per-key writes
+/// too, a file per item.)
+pub fn map_on_threads<T: Send>(
     count: usize,
-    readers: usize,
-    read: impl Fn(usize) -> T + Sync,
+    threads: usize,
+    work: impl Fn(usize) -> T + Sync,
 ) -> Vec<T> {
-    let readers = readers.clamp(1, READERS).min(count);
-    if readers <= 1 {
-        return (0..count).map(read).collect();
+    let threads = threads.clamp(1, READERS).min(count);
+    if threads <= 1 {
+        return (0..count).map(work).collect();
     }
     let answers: Vec<Mutex<Option<T>>> = (0..count).map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
-    let work = || {
+    let take_turns = || {
         loop {
             let index = next.fetch_add(1, Ordering::Relaxed);
             let Some(slot) = answers.get(index) else {
                 break;
             };
-            let answer = read(index);
+            let answer = work(index);
             *slot
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(answer);
         }
     };
     std::thread::scope(|scope| {
-        for _ in 1..readers {
+        for _ in 1..threads {
             // A helper that cannot be started leaves its share to the others.
             let _ = std::thread::Builder::new()
-                .name("ssd-reader".into())
-                .spawn_scoped(scope, work);
+                .name("ssd-worker".into())
+                .spawn_scoped(scope, take_turns);
         }
-        work();
+        take_turns();
     });
     answers
         .into_iter()
         .map(|slot| {
             slot.into_inner()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .expect("every item is read before the scope ends")
+                .expect("every item is done before the scope ends")
         })
         .collect()
 }
@@ -239,7 +242,7 @@ mod tests {
 
     #[test]
     fn every_item_is_answered_in_order_whatever_thread_read_it() {
-        let answers = map_reads(100, READERS, |index| index * 2);
+        let answers = map_on_threads(100, READERS, |index| index * 2);
         assert_eq!(answers, (0..100).map(|i| i * 2).collect::<Vec<_>>());
     }
 
@@ -303,7 +306,7 @@ mod tests {
     fn the_readers_asked_for_share_the_items() {
         let threads = |count, readers| {
             let seen = Mutex::new(std::collections::HashSet::new());
-            map_reads(count, readers, |_| {
+            map_on_threads(count, readers, |_| {
                 std::thread::sleep(std::time::Duration::from_millis(2));
                 seen.lock()
                     .expect("not poisoned")
