@@ -39,6 +39,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::{Condvar, Mutex};
 
 use crate::backend::{FileExtent, ReadPlan, UncheckedRead, lie_in_order};
+use crate::io::{ALIGN, AlignedBuffer};
 
 /// Bytes of one direct read.
 pub const CHUNK_BYTES: usize = 1 << 20;
@@ -52,10 +53,6 @@ const SLOTS: usize = CHUNKS_IN_FLIGHT + 2;
 /// The smallest extent streamed: below it the helper threads cost more than the
 /// page cache's read-ahead loses.
 pub const MIN_RUN_BYTES: u64 = 4 << 20;
-
-/// Alignment of direct reads' offsets, lengths and buffers (the largest logical block
-/// size in common use).
-const ALIGN: usize = 4096;
 
 /// Direct runs alive at once in this process at most (each holds its helpers and
 /// buffers); a batch read beyond it goes through the page cache.
@@ -117,29 +114,6 @@ impl State {
     }
 }
 
-/// A buffer of [`CHUNK_BYTES`] starting at an [`ALIGN`] boundary.
-struct AlignedBuffer {
-    storage: Vec<u8>,
-    start: usize,
-}
-
-impl AlignedBuffer {
-    /// `None` when no aligned start could be found in the allocation.
-    fn new() -> Option<Self> {
-        let storage = vec![0u8; CHUNK_BYTES + ALIGN];
-        let start = storage.as_ptr().align_offset(ALIGN);
-        (start <= ALIGN).then_some(AlignedBuffer { storage, start })
-    }
-
-    fn bytes(&self) -> &[u8] {
-        &self.storage[self.start..self.start + CHUNK_BYTES]
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.storage[self.start..self.start + CHUNK_BYTES]
-    }
-}
-
 /// One batch's records streamed from their file with direct reads (see the module
 /// documentation); dropping it stops and joins its helpers.
 pub struct DirectRun {
@@ -186,7 +160,7 @@ impl DirectRun {
             .collect();
         let chunks = usize::try_from(len.div_ceil(CHUNK_BYTES as u64)).ok()?;
         let buffers = (0..SLOTS)
-            .map(|_| AlignedBuffer::new().map(Mutex::new))
+            .map(|_| AlignedBuffer::new(CHUNK_BYTES).map(Mutex::new))
             .collect::<Option<Vec<_>>>()?;
         let file = open_direct(first.path)?;
         let admitted = LIVE_RUNS
@@ -476,7 +450,10 @@ mod tests {
         let io = IoEngine::new(false);
         write_records(&io, &file, &placements).expect("write");
         file.sync_all().expect("sync");
-        if !keep_cached {
+        if keep_cached {
+            // Large batches are written directly, past the page cache: read it in.
+            std::fs::read(&path).expect("read back");
+        } else {
             // SAFETY: a plain system call on an open descriptor.
             unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         }

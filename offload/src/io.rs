@@ -188,6 +188,41 @@ fn injected(name: &str) -> Option<std::io::Error> {
     Some(std::io::Error::from_raw_os_error(code))
 }
 
+/// Alignment of direct reads' and writes' offsets, lengths and buffers (the largest
+/// logical block size in common use).
+pub(crate) const ALIGN: usize = 4096;
+
+/// A buffer starting at an [`ALIGN`] boundary, for direct reads and writes.
+pub(crate) struct AlignedBuffer {
+    storage: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuffer {
+    /// `len` bytes (zeros); `None` when no aligned start could be found in the
+    /// allocation.
+    pub(crate) fn new(len: usize) -> Option<Self> {
+        let storage = vec![0u8; len.checked_add(ALIGN)?];
+        let start = storage.as_ptr().align_offset(ALIGN);
+        (start <= ALIGN).then_some(AlignedBuffer {
+            storage,
+            start,
+            len,
+        })
+    }
+
+    /// The buffer's bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.storage[self.start..self.start + self.len]
+    }
+
+    /// The buffer's bytes, to fill.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + self.len]
+    }
+}
+
 /// True when [`FAILPOINT_READ`] fires for a read made outside [`IoEngine`].
 pub(crate) fn read_failure_injected() -> bool {
     injected(FAILPOINT_READ).is_some()
@@ -195,7 +230,7 @@ pub(crate) fn read_failure_injected() -> bool {
 
 /// The error [`FAILPOINT_WRITE`] injects into a write of `buf` at `offset`, having
 /// written half of it for `short`.
-fn injected_write(file: &File, buf: &[u8], offset: u64) -> Option<std::io::Error> {
+pub(crate) fn injected_write(file: &File, buf: &[u8], offset: u64) -> Option<std::io::Error> {
     let arg = mooncake_core::failpoint::hit(FAILPOINT_WRITE)?;
     if arg == "short" {
         let _ = file.write_all_at(&buf[..buf.len() / 2], offset);

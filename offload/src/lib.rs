@@ -3,7 +3,8 @@
 //!
 //! The settings (upstream's `MOONCAKE_OFFLOAD_*` variables and path rules,
 //! [`config`]), checksummed records ([`record`]), the I/O engines (POSIX, io_uring with
-//! a fallback, [`io`]), the contract of a storage backend ([`backend`]), batches read
+//! a fallback, [`io`]), large batches written with direct writes ([`direct_write`]),
+//! the contract of a storage backend ([`backend`]), batches read
 //! several records at a time ([`parallel_reads`]), streamed from the device when they
 //! lie in order and are not cached ([`direct_run`]), else with their next records
 //! hinted to the kernel ([`read_ahead`]), one reader choosing per batch
@@ -21,6 +22,7 @@ pub mod bucket;
 pub mod checksum;
 pub mod config;
 pub mod direct_run;
+pub mod direct_write;
 pub mod dkv;
 pub mod factory;
 mod file_per_key;

@@ -151,6 +151,29 @@ pub fn read_record(bytes: &[u8]) -> Result<(&[u8], &[u8]), RecordError> {
     Ok((key, value))
 }
 
+/// The largest gap between two records of a batch that is written as zeros, keeping
+/// them in one write (records of the one-file backend start at 4 KiB boundaries; a
+/// larger gap holds other records).
+pub(crate) const MAX_PAD: usize = 4096;
+
+/// One record of a batch and where it goes in the file.
+#[derive(Clone, Copy, Debug)]
+pub struct Placement<'a> {
+    /// Offset of the record in the file.
+    pub offset: u64,
+    /// The object's key.
+    pub key: &'a str,
+    /// The object's value.
+    pub value: &'a [u8],
+}
+
+impl Placement<'_> {
+    /// Where the record ends in the file.
+    pub(crate) fn end(&self) -> u64 {
+        self.offset + (HEADER_LEN + self.key.len() + self.value.len()) as u64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,39 +8,24 @@
 use std::fs::File;
 
 use crate::io::{Gathered, IoEngine, MAX_GATHER};
-use crate::record::{self, HEADER_LEN};
+pub use crate::record::Placement;
+use crate::record::{self, MAX_PAD};
 
 /// Bytes per gathered window.
 pub const WINDOW: usize = 4 << 20;
 
-/// The largest gap between two records that is written as zeros to keep them in one
-/// window (records of the one-file backend start at 4 KiB boundaries).
-const MAX_PAD: usize = 4096;
-
 /// Zeros for the gaps.
 static ZEROS: [u8; MAX_PAD] = [0; MAX_PAD];
 
-/// One record of a batch and where it goes in the file.
-#[derive(Clone, Copy, Debug)]
-pub struct Placement<'a> {
-    /// Offset of the record in the file.
-    pub offset: u64,
-    /// The object's key.
-    pub key: &'a str,
-    /// The object's value.
-    pub value: &'a [u8],
-}
-
-impl Placement<'_> {
-    /// Where the record ends in the file.
-    fn end(&self) -> u64 {
-        self.offset + (HEADER_LEN + self.key.len() + self.value.len()) as u64
-    }
-}
-
 /// Writes every record of `records` (sorted by offset or not; records that follow
-/// each other within [`MAX_PAD`] bytes share a window). Not synced.
+/// each other within [`MAX_PAD`] bytes share a window, the gap written as zeros).
+/// A batch of [`MIN_DIRECT_BYTES`](crate::direct_write::MIN_DIRECT_BYTES) or more is
+/// written with direct writes where the file allows them
+/// ([`crate::direct_write`]). Not synced.
 pub fn write_records(io: &IoEngine, file: &File, records: &[Placement<'_>]) -> std::io::Result<()> {
+    if let Some(written) = crate::direct_write::write_records(file, records) {
+        return written;
+    }
     io.write_gathered(file, windows(records))
 }
 
@@ -76,6 +61,7 @@ fn windows<'a>(records: &'a [Placement<'a>]) -> impl Iterator<Item = Gathered<'a
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::HEADER_LEN;
     use std::os::unix::fs::FileExt;
 
     fn value(len: usize, seed: u8) -> Vec<u8> {
