@@ -26,8 +26,9 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::sync::Mutex;
 use std::sync::mpsc;
+
+use parking_lot::Mutex;
 
 use crate::io::{ALIGN, AlignedBuffer, injected_write};
 use crate::record::{self, HEADER_LEN, MAX_PAD, Placement};
@@ -142,7 +143,7 @@ impl Writer<'_> {
             return Ok(());
         }
         let failure: Mutex<Option<std::io::Error>> = Mutex::new(None);
-        let failed = || failure.lock().map_or(true, |failure| failure.is_some());
+        let failed = || failure.lock().is_some();
         let (jobs, queue) = mpsc::sync_channel::<(usize, u64, usize)>(SLOTS);
         let queue = Mutex::new(queue);
         let (freed, free) = mpsc::channel::<usize>();
@@ -160,19 +161,14 @@ impl Writer<'_> {
             }
             drop(freed);
             if helpers == 0 {
-                *failure
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    Some(std::io::Error::other("cannot start a direct-write thread"));
+                *failure.lock() = Some(std::io::Error::other("cannot start a direct-write thread"));
             }
             let mut at = from;
             while at < to && !failed() {
                 let Ok(slot) = free.recv() else { break };
                 let len = usize::try_from((to - at).min(CHUNK_BYTES as u64)).unwrap_or(CHUNK_BYTES);
                 {
-                    let mut buffer = self.buffers[slot]
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let mut buffer = self.buffers[slot].lock();
                     bytes.fill(&mut buffer.bytes_mut()[..len]);
                 }
                 if jobs.send((slot, at, len)).is_err() {
@@ -182,16 +178,10 @@ impl Writer<'_> {
             }
             drop(jobs);
             if at < to && !failed() {
-                *failure
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    Some(std::io::Error::other("the direct-write threads stopped"));
+                *failure.lock() = Some(std::io::Error::other("the direct-write threads stopped"));
             }
         });
-        failure
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .map_or(Ok(()), Err)
+        failure.into_inner().map_or(Ok(()), Err)
     }
 
     /// A helper's loop: writes each queued chunk (unless a write failed already) and
@@ -203,24 +193,13 @@ impl Writer<'_> {
         failure: &Mutex<Option<std::io::Error>>,
     ) {
         loop {
-            let job = queue
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .recv();
+            let job = queue.lock().recv();
             let Ok((slot, offset, len)) = job else { return };
-            let failed = failure
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .is_some();
+            let failed = failure.lock().is_some();
             if !failed {
-                let buffer = self.buffers[slot]
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let buffer = self.buffers[slot].lock();
                 if let Err(error) = self.write_chunk(&buffer.bytes()[..len], offset) {
-                    failure
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .get_or_insert(error);
+                    failure.lock().get_or_insert(error);
                 }
             }
             let _ = freed.send(slot);
@@ -300,11 +279,7 @@ impl<'r, 'a> RunBytes<'r, 'a> {
     /// record; `None` past the run's end.
     fn piece(&mut self) -> Option<Piece<'_>> {
         let record = self.run.get(self.index)?;
-        let gap = self
-            .index
-            .checked_sub(1)
-            .and_then(|previous| self.run.get(previous))
-            .map_or(0, |previous| record.offset - previous.end());
+        let gap = self.gap_before(record);
         let mut at = self.done;
         if at < gap {
             return Some(Piece::Zeros(
@@ -333,14 +308,19 @@ impl<'r, 'a> RunBytes<'r, 'a> {
         let Some(record) = self.run.get(self.index) else {
             return;
         };
-        let gap = self
-            .index
-            .checked_sub(1)
-            .and_then(|previous| self.run.get(previous))
-            .map_or(0, |previous| record.offset - previous.end());
+        let gap = self.gap_before(record);
         if self.done >= gap + (record.end() - record.offset) {
             self.advance_record();
         }
+    }
+
+    /// Bytes between the end of the record before the current one and `record` (the
+    /// current one): zeros to hand out first.
+    fn gap_before(&self, record: &Placement<'_>) -> u64 {
+        self.index
+            .checked_sub(1)
+            .and_then(|previous| self.run.get(previous))
+            .map_or(0, |previous| record.offset - previous.end())
     }
 
     /// Moves on to the next record.
